@@ -1,0 +1,58 @@
+"""The `specrl` command line: a thin layer over the library.
+
+Each subcommand lives beside the code it drives, in a module that exposes
+`register(subparsers)` (adds its parser and sets `func`) and a `run(args) -> dict`.
+Every long command shows progress and prints one JSON object as its last line.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+# Module paths of the subcommands, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "specrl.commands.demo",
+    "specrl.commands.bench",
+    "specrl.models.commands",
+    "specrl.sim.command",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specrl",
+        description="Lossless speculative decoding for RL post-training rollouts. "
+        "Every command ends with one JSON line that summarises it.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name:  # the part is not built yet; everything else stays usable
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        summary = args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"specrl {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    if summary is not None:
+        print(json.dumps(summary, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
