@@ -1,0 +1,61 @@
+"""A preallocated KV cache with one length per row.
+
+Rows of a speculative batch accept different numbers of drafts, so each row keeps
+its own count of valid entries, `lens`. A forward pass of T new tokens writes their
+keys and values at positions lens[b] .. lens[b]+T-1 and attends to keys < lens[b]+t+1.
+Rolling back rejected drafts is just lowering `lens`: stale entries past it are
+masked out and later overwritten.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    keys: list[torch.Tensor]  # per layer [B, Hkv, S_max, D]
+    values: list[torch.Tensor]  # per layer [B, Hkv, S_max, D]
+    lens: torch.Tensor  # [B] long, valid entries per row
+
+    @classmethod
+    def allocate(cls, num_layers: int, batch: int, num_kv_heads: int, max_len: int, head_dim: int) -> "KVCache":
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        return cls(
+            keys=[torch.zeros(shape) for _ in range(num_layers)],
+            values=[torch.zeros(shape) for _ in range(num_layers)],
+            lens=torch.zeros(batch, dtype=torch.long),
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.lens.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (a [B'] index, repeats allowed), in that order."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.lens = self.lens.index_select(0, rows)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store k, v [B, Hkv, T, D] at `positions` [B, T]."""
+        rows = torch.arange(k.shape[0]).unsqueeze(1)  # [B, 1]
+        self.keys[layer].transpose(1, 2)[rows, positions] = k.transpose(1, 2)
+        self.values[layer].transpose(1, 2)[rows, positions] = v.transpose(1, 2)
+
+    def attention_mask(self, num_new: int) -> tuple[torch.Tensor, int]:
+        """Boolean mask [B, 1, T, S] (True = attend) and S, the key span to read.
+
+        Query t of row b sees keys j < lens[b] + t + 1 (its past plus itself).
+        """
+        span = int(self.lens.max()) + num_new
+        if span > self.max_len:
+            raise ValueError(f"KV cache overflow: need {span} positions, allocated {self.max_len}")
+        key_pos = torch.arange(span).view(1, 1, 1, span)
+        limit = self.lens.view(-1, 1, 1, 1) + torch.arange(num_new).view(1, 1, num_new, 1)
+        return key_pos <= limit, span

@@ -1,0 +1,154 @@
+"""The embedded engine's compact inference path for Llama-family decoders.
+
+One module covers Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm)
+and SmolLM2 (Llama with tied embeddings). Projections are fused (qkv, gate+up) so
+one decode step is a handful of matmuls per layer. fp32 throughout, inference only.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specrl.engine.checkpoint import ModelConfig, load_config, load_state_dict
+from specrl.engine.kv_cache import KVCache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies [D/2], with Llama-3.1 frequency scaling when configured."""
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    if cfg.rope_scaling is None:
+        return inv.float()
+    s = cfg.rope_scaling
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv
+    smooth = ((old_len / wavelen) - low) / (high - low)
+    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+    mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the Hugging Face convention). x [B, H, T, D]; cos, sin [B, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    """Weights plus a forward pass over a KVCache; built by `from_pretrained`."""
+
+    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], source: str = "<memory>"):
+        self.cfg = cfg
+        self.source = source
+        self.load_weights(state)
+        inv = rope_inverse_frequencies(cfg)
+        angles = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv)
+        angles = torch.cat([angles, angles], dim=-1)  # [P, D]
+        self.rope_cos, self.rope_sin = angles.cos(), angles.sin()
+
+    @classmethod
+    def from_pretrained(cls, checkpoint_dir: str | Path) -> "LlamaModel":
+        cfg = load_config(Path(checkpoint_dir))
+        return cls(cfg, load_state_dict(Path(checkpoint_dir)), source=str(checkpoint_dir))
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """(Re)load weights from Hugging Face tensor names; a missing tensor is named."""
+        cfg = self.cfg
+
+        def get(name: str) -> torch.Tensor:
+            if name not in state:
+                raise ValueError(f"{self.source}: checkpoint is missing tensor '{name}'")
+            return state[name].float()
+
+        def opt(name: str) -> torch.Tensor | None:
+            return state[name].float() if name in state else None
+
+        self.embed = get("model.embed_tokens.weight")  # [V, H]
+        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(f"{self.source}: embed_tokens is {tuple(self.embed.shape)}, config says "
+                             f"[{cfg.vocab_size}, {cfg.hidden_size}]")
+        head = opt("lm_head.weight")
+        self.lm_head = self.embed if head is None and cfg.tie_word_embeddings else head
+        if self.lm_head is None:
+            raise ValueError(f"{self.source}: checkpoint is missing tensor 'lm_head.weight'")
+        self.final_norm = get("model.norm.weight")
+        self.d2t = state.get("d2t")  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
+        if cfg.draft_vocab_size and self.d2t is None:
+            raise ValueError(f"{self.source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            qkv = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            bias = [opt(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            self.layers.append({
+                "attn_norm": get(p + "input_layernorm.weight"),
+                "qkv": torch.cat(qkv, 0).contiguous(),
+                "qkv_bias": torch.cat(bias, 0) if all(b is not None for b in bias) else None,
+                "o": get(p + "self_attn.o_proj.weight"),
+                "q_norm": opt(p + "self_attn.q_norm.weight"),
+                "k_norm": opt(p + "self_attn.k_norm.weight"),
+                "mlp_norm": get(p + "post_attention_layernorm.weight"),
+                "gate_up": torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0).contiguous(),
+                "down": get(p + "mlp.down_proj.weight"),
+            })
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        c = self.cfg
+        return KVCache.allocate(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        cache: KVCache,
+        hidden_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run T new tokens per row after the cache's `lens`; returns logits [B, T, V_out]
+        and the residual stream after each layer in `hidden_layers` ([B, T, H]; -1 = final normed).
+
+        The cache's K/V are written; `cache.lens` is left for the caller to advance.
+        """
+        c = self.cfg
+        B, T = input_ids.shape
+        positions = cache.lens.unsqueeze(1) + torch.arange(T).unsqueeze(0)  # [B, T]
+        if int(positions.max()) >= c.max_position_embeddings:
+            raise ValueError(f"position {int(positions.max())} exceeds the model's context "
+                             f"({c.max_position_embeddings} tokens)")
+        cos = self.rope_cos[positions].unsqueeze(1)  # [B, 1, T, D]
+        sin = self.rope_sin[positions].unsqueeze(1)
+        mask, span = cache.attention_mask(T)
+        nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        hidden: dict[int, torch.Tensor] = {}
+        x = F.embedding(input_ids, self.embed)  # [B, T, H]
+        for i, w in enumerate(self.layers):
+            h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+            qkv = F.linear(h, w["qkv"], w["qkv_bias"])  # [B, T, (nq + 2 nkv) d]
+            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+            q = q.view(B, T, nq, d)
+            k = k.view(B, T, nkv, d)
+            if w["q_norm"] is not None:
+                q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps), rms_norm(k, w["k_norm"], c.rms_norm_eps)
+            q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, nq, T, d]
+            k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, nkv, T, d]
+            v = v.view(B, T, nkv, d).transpose(1, 2)
+            cache.write(i, k, v, positions)
+            keys, values = cache.keys[i][:, :, :span], cache.values[i][:, :, :span]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nq != nkv)
+            x = x + F.linear(attn.transpose(1, 2).reshape(B, T, nq * d), w["o"])
+            h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+            gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w["down"])
+            if i in hidden_layers:
+                hidden[i] = x
+        x = rms_norm(x, self.final_norm, c.rms_norm_eps)
+        if -1 in hidden_layers:
+            hidden[-1] = x
+        return F.linear(x, self.lm_head), hidden
