@@ -1,0 +1,50 @@
+"""The one interface every draft mechanism implements.
+
+A proposer sees the live batch's token history and returns K draft tokens per row,
+with the draft distribution q they were sampled from (or None when the proposal is
+deterministic: n-gram, suffix). The engine hands the proposal to `verify`, so any
+proposer, however good or bad, leaves the output distribution exact; a bad one only
+costs speed.
+
+Lifecycle, driven by the engine for one generate() call:
+    start(tokens, num_tokens)          after the prompt prefill
+    propose(context, k) -> Proposal    once per speculative step, k >= 1
+    select_rows(rows)                  when finished rows leave the batch
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specrl.engine.sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, K] long
+    probs: torch.Tensor | None  # [B, K, V] draft distribution q, or None for one-hot proposals
+
+
+@dataclass
+class ProposalContext:
+    tokens: torch.Tensor  # [B, S_max] long: prompt + generated tokens of each live row
+    num_tokens: torch.Tensor  # [B] long: valid entries of `tokens` per row (the last is not yet in the target's cache)
+    params: SamplingParams
+    generator: torch.Generator | None
+    vocab_size: int  # the target's vocabulary size V
+    # residual stream of the target at the last verified token, per requested layer: {layer: [B, H]}
+    target_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    name: str
+    # target layers whose hidden states this proposer reads (EAGLE-3 / MTP heads); () for none
+    hidden_layers: tuple[int, ...]
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None: ...
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal: ...
+
+    def select_rows(self, rows: torch.Tensor) -> None: ...
