@@ -1,0 +1,158 @@
+"""The embedded engine: parity and exactness.
+
+Chain of invariants:
+    the engine's model         == transformers' logits (Llama, Qwen2, Qwen3), with a KV cache;
+    greedy engine              == transformers greedy `generate`, token for token;
+    speculation on             == off at temperature 0, for every proposer;
+    speculative samples        ~  the exact joint distribution computed from transformers (chi-square);
+    the rollout's logprobs     == transformers' log_softmax(logits / T) for the same tokens (<= 1e-4).
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import save_random_checkpoint
+from specrl.engine.checkpoint import load_state_dict
+from specrl.engine.engine import EngineConfig, RolloutEngine
+from specrl.engine.model import LlamaModel
+from specrl.engine.sampling import SamplingParams
+from specrl.spec.draft_model import DraftModelProposer
+from specrl.spec.ngram import NgramProposer
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [7, 8], [9]]
+
+
+def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, adaptive: bool = False):
+    model = LlamaModel.from_pretrained(target_dir)
+    chosen = {
+        "none": lambda: None,
+        "ngram": lambda: NgramProposer(),
+        "draft": lambda: DraftModelProposer(LlamaModel.from_pretrained(draft_dir), model.cfg.vocab_size),
+    }[proposer]()
+    return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_model_logits_match_transformers_with_incremental_cache(tmp_path, arch):
+    hf = save_random_checkpoint(tmp_path, arch=arch)
+    model = LlamaModel.from_pretrained(tmp_path)
+    ids = torch.randint(0, 40, (3, 10), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(3, 16)
+    first, _ = model.forward(ids[:, :6], cache)
+    cache.lens += 6
+    second, _ = model.forward(ids[:, 6:], cache)
+    with torch.no_grad():
+        ref = hf(ids).logits
+    assert torch.allclose(torch.cat([first, second], 1), ref, atol=1e-4)
+
+
+def test_greedy_engine_matches_transformers_generate(target_dir):
+    import transformers
+
+    engine = make_engine(target_dir)
+    result = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=16))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    out = hf.generate(torch.tensor(PROMPTS[:1]), max_new_tokens=16, do_sample=False)
+    assert result.completions[0].token_ids == out[0, len(PROMPTS[0]):].tolist()
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft", "self"])
+def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, proposer):
+    params = SamplingParams(temperature=0, max_tokens=24, n=2)
+    base = make_engine(target_dir).generate(PROMPTS, params)
+    spec_draft = target_dir if proposer == "self" else draft_dir
+    spec = make_engine(target_dir, "ngram" if proposer == "ngram" else "draft", spec_draft).generate(PROMPTS, params)
+    for a, b in zip(base.completions, spec.completions):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert spec.spec.num_drafts > 0
+    if proposer == "self":  # the target drafting for itself is always right
+        assert spec.spec.acceptance_rate == 1.0
+        assert spec.steps < base.steps
+
+
+def exact_two_token_distribution(target_dir, prompt: list[int], temperature: float) -> torch.Tensor:
+    """P(t0, t1 | prompt) from transformers, [V*V]."""
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    with torch.no_grad():
+        first = (hf(torch.tensor([prompt])).logits[0, -1] / temperature).softmax(-1)  # [V]
+        V = first.shape[0]
+        seqs = torch.tensor([prompt + [t] for t in range(V)])
+        second = (hf(seqs).logits[:, -1] / temperature).softmax(-1)  # [V, V]
+    return (first.unsqueeze(1) * second).flatten().double()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_speculative_samples_follow_the_exact_target_distribution(target_dir, draft_dir, proposer):
+    """Chi-square of 6000 two-token samples against the exact joint; false failure odds 1e-4."""
+    prompt, n = [3, 1, 3, 1, 3], 6000
+    exact = exact_two_token_distribution(target_dir, prompt, temperature=1.0)
+    engine = make_engine(target_dir, proposer, draft_dir, k=3)
+    result = engine.generate([prompt], SamplingParams(n=n, temperature=1.0, max_tokens=2, ignore_eos=True, seed=0))
+    V = int(exact.numel() ** 0.5)
+    pairs = torch.tensor([c.token_ids for c in result.completions])
+    observed = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
+    expected = exact * n
+    # pool cells with small expectation so the chi-square approximation holds
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+    assert result.spec.num_drafts > 0
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_equal_trainer_logprobs(target_dir, draft_dir, temperature):
+    import transformers
+
+    engine = make_engine(target_dir, "draft", draft_dir)
+    result = engine.generate(PROMPTS, SamplingParams(temperature=temperature, max_tokens=12, seed=1, ignore_eos=True))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    for prompt, completion in zip(PROMPTS, result.completions):
+        seq = torch.tensor([prompt + completion.token_ids])
+        with torch.no_grad():
+            logprobs = (hf(seq).logits[0, len(prompt) - 1:-1] / temperature).log_softmax(-1)
+        trainer = logprobs.gather(-1, torch.tensor(completion.token_ids).unsqueeze(1)).squeeze(1)
+        assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-4)
+        assert completion.versions == [0] * len(completion.token_ids)
+
+
+def test_n_samples_are_grouped_per_prompt_and_differ(target_dir):
+    result = make_engine(target_dir).generate(PROMPTS[:2], SamplingParams(n=4, max_tokens=10, seed=0, ignore_eos=True))
+    assert [(c.prompt_index, c.sample_index) for c in result.completions] == list(itertools.product(range(2), range(4)))
+    assert len({tuple(c.token_ids) for c in result.completions[:4]}) > 1
+    assert all(len(c.token_ids) == 10 and c.finish_reason == "length" for c in result.completions)
+
+
+def test_stop_token_ends_the_response_and_is_kept(target_dir, draft_dir):
+    base = make_engine(target_dir).generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=20))
+    stop = base.completions[0].token_ids[5]
+    first = base.completions[0].token_ids.index(stop)
+    for engine in (make_engine(target_dir), make_engine(target_dir, "draft", target_dir)):
+        out = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=(stop,)))
+        c = out.completions[0]
+        assert c.token_ids == base.completions[0].token_ids[: first + 1] and c.finish_reason == "stop"
+
+
+def test_weight_sync_changes_outputs_and_stamps_the_version(target_dir):
+    engine = make_engine(target_dir)
+    before = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=8)).completions[0]
+    other = {k: v * 1.5 if "lm_head" in k or "embed" in k else v for k, v in load_state_dict(target_dir).items()}
+    engine.load_weights(other, version=7)
+    after = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=8)).completions[0]
+    assert after.versions == [7] * len(after.token_ids)
+    assert after.logprobs != before.logprobs
+
+
+def test_adaptive_controller_turns_off_a_useless_draft(target_dir, draft_dir):
+    engine = make_engine(target_dir, "draft", draft_dir, k=3, adaptive=True)
+    result = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    # the random draft is almost never right at temperature 0: after exploring, K = 0 wins
+    assert result.k_histogram.get(0, 0) > sum(v for k, v in result.k_histogram.items() if k > 0)
