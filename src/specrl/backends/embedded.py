@@ -1,0 +1,61 @@
+"""The embedded backend: specrl's own PyTorch engine, in process."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoTokenizer
+
+from specrl.backends.base import BackendConfig
+from specrl.engine.engine import EngineConfig, GenerateResult, RolloutEngine
+from specrl.engine.model import LlamaModel
+from specrl.engine.sampling import SamplingParams
+from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
+from specrl.spec.draft_model import DraftModelProposer
+from specrl.spec.ngram import NgramConfig, NgramProposer
+
+
+def load_tokenizer(checkpoint_dir):
+    """The checkpoint's own tokenizer, offline, never running checkpoint code."""
+    try:
+        return AutoTokenizer.from_pretrained(str(checkpoint_dir), trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{checkpoint_dir}: cannot load its tokenizer ({err})") from err
+
+
+class EmbeddedBackend:
+    name = "embedded"
+
+    def __init__(self, config: BackendConfig):
+        self.config = config
+        target_dir = resolve_checkpoint(config.model)
+        self.tokenizer = load_tokenizer(target_dir)
+        model = LlamaModel.from_pretrained(target_dir)
+        self.proposer = self._make_proposer(config, model)
+        engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens,
+                                     adaptive=config.adaptive, max_model_len=config.max_model_len)
+        self.engine = RolloutEngine(model, self.tokenizer, self.proposer, engine_config)
+
+    @staticmethod
+    def _make_proposer(config: BackendConfig, model: LlamaModel):
+        if config.proposer == "none":
+            return None
+        if config.proposer == "ngram":
+            return NgramProposer(NgramConfig(max_n=config.ngram_max_n))
+        draft_name = config.draft or DRAFT_FOR.get(config.model)
+        if draft_name is None:
+            raise ValueError(f"proposer=draft needs a draft checkpoint for model {config.model!r}: set draft=PATH")
+        return DraftModelProposer(LlamaModel.from_pretrained(resolve_checkpoint(draft_name)), model.cfg.vocab_size)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
+        return self.engine.generate(prompts, params)
+
+    def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
+                     draft: dict[str, torch.Tensor] | None = None) -> None:
+        self.engine.load_weights(policy, version)
+        if draft is not None:
+            if not isinstance(self.proposer, DraftModelProposer):
+                raise ValueError("draft weights were sent, but this backend's proposer has no draft model")
+            self.proposer.model.load_weights(draft)

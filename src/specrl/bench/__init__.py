@@ -1,0 +1,1 @@
+"""Benchmarks: each ends with one JSON line."""

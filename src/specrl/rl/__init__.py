@@ -1,0 +1,1 @@
+"""RL: tasks and verifiers, advantages, the GRPO loss, the trainer step."""
