@@ -1,0 +1,111 @@
+"""Run a scenario with speculation off and on, and sweep it (speedup grids, sensitivities).
+
+`run_scenario` is the one entry point the command, the plots and the tests use:
+it prices the scenario's RL step with K = 0 and with the scenario's K, in the
+scenario's mode, and for async scenarios also the synchronous no-speculation
+baseline. Speedups:
+  rollout_speedup  generation time, speculation off / on (same mode, same pool);
+  step_speedup     step time, speculation off / on (same mode);
+  vs_sync_baseline (async only) sync no-speculation step / async + speculation step.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from specrl.sim.acceptance import acceptance_length
+from specrl.sim.calibration import iteration_speedup
+from specrl.sim.costs import Layout
+from specrl.sim.drafters import get_drafter
+from specrl.sim.hardware import get_device
+from specrl.sim.iteration import Engine
+from specrl.sim.models import get_model
+from specrl.sim.rl_loop import StepTimes, best_async_step, sync_step
+from specrl.sim.scenarios import Scenario
+from specrl.sim.workload import expected_length
+
+
+def _stages(t: StepTimes) -> dict:
+    return {"generation_s": round(t.generation, 3), "logprobs_s": round(t.logprobs, 3),
+            "training_s": round(t.training, 3), "weight_sync_s": round(t.weight_sync, 3), "step_s": round(t.total, 3)}
+
+
+def run_scenario(s: Scenario, async_style: str = "drain") -> dict:
+    """Step times with speculation off and on, and the speedups (see module docstring)."""
+    out = {"scenario": s.name, "mode": s.mode, "k": s.k, "acceptance_length": s.acceptance_length,
+           "gpus": s.gpus, "device": s.device, "model": s.model, "layout": f"tp{s.layout.tp}xep{s.layout.ep}"}
+    if s.mode == "sync":
+        off, on = sync_step(s.setup(k=0)), sync_step(s.setup())
+    else:
+        (off, g_off), (on, g_on) = (best_async_step(s.setup(k=0), style=async_style),
+                                    best_async_step(s.setup(), style=async_style))
+        out.update(async_style=async_style, rollout_gpus_off=g_off, rollout_gpus_on=g_on)
+        sync_off = sync_step(s.setup(k=0))
+        out["sync_baseline"] = _stages(sync_off)
+        out["vs_sync_baseline"] = round(sync_off.total / on.total, 4)
+    out["spec_off"], out["spec_on"] = _stages(off), _stages(on)
+    out["rollout_speedup"] = round(off.generation / on.generation, 4)
+    out["step_speedup"] = round(off.total / on.total, 4)
+    out["tokens_per_s_off"] = round(off.rollout.tokens_per_s, 1)
+    out["tokens_per_s_on"] = round(on.rollout.tokens_per_s, 1)
+    out["_trajectories"] = {"off": off.rollout.trajectory, "on": on.rollout.trajectory}
+    return out
+
+
+def scenario_engine(s: Scenario) -> Engine:
+    model = get_model(s.model)
+    return Engine(get_device(s.device), model, s.layout, get_drafter(s.drafter, model))
+
+
+def sweep(s: Scenario, ks, batches) -> list[dict]:
+    """Iteration-level speedup on one replica for each (K, live batch), at the scenario's acceptance.
+
+    Cached tokens per sequence: prompt + half the mean response.
+    """
+    engine = scenario_engine(s)
+    acc = s.acceptance()
+    context = s.workload.prompt_tokens + expected_length(s.workload.lengths) / 2.0
+    rows = []
+    for k in ks:
+        length = acceptance_length(acc, k) if k else 1.0
+        for b in batches:
+            rows.append({"k": k, "batch": b, "acceptance_length": round(length, 3),
+                         "speedup": round(iteration_speedup(engine, b, k, length, context), 4)})
+    return rows
+
+
+LAYOUTS = {"TP8": Layout(tp=8), "TP4xEP8": Layout(tp=4, ep=8), "TP4xEP16": Layout(tp=4, ep=16),
+           "TP8xEP32": Layout(tp=8, ep=32)}
+
+
+def sensitivity(s: Scenario, async_style: str = "drain") -> dict:
+    """Step speedup (async + spec vs async without) of a scenario as one assumption varies at a time."""
+    def speedups(sc):
+        r = run_scenario(sc, async_style)
+        return r["rollout_speedup"], r["step_speedup"], r.get("vs_sync_baseline", r["step_speedup"])
+
+    out = {"acceptance": [], "tail": [], "layout": []}
+    for k, length in [(3, 1.8), (3, 2.2), (3, 2.47), (3, 2.8), (5, 3.2), (5, 3.6), (7, 4.2), (7, 5.0)]:
+        out["acceptance"].append((f"K{k} tau{length}", *speedups(replace(s, k=k, acceptance_length=length))))
+    for sigma, mass in [(0.5, 0.0), (0.7, 0.01), (0.9, 0.03), (1.1, 0.06), (1.3, 0.10)]:
+        w = replace(s.workload, lengths=replace(s.workload.lengths, sigma=sigma, cap_mass=mass))
+        out["tail"].append((f"sigma{sigma} cap{mass:.0%}", *speedups(replace(s, workload=w))))
+    for name, layout in LAYOUTS.items():
+        out["layout"].append((name, *speedups(replace(s, layout=layout))))
+    return out
+
+
+def acceptance_needed(s: Scenario, target: float, k: int = 5, async_style: str = "drain") -> float | None:
+    """Smallest acceptance length at K for which the scenario's step speedup reaches `target` (bisection)."""
+    lo, hi = 1.05, k + 0.95
+
+    def f(length):
+        return run_scenario(replace(s, k=k, acceptance_length=length), async_style)["step_speedup"] - target
+
+    if f(hi) < 0:
+        return None
+    for _ in range(12):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return float(np.round(hi, 2))
