@@ -1,0 +1,115 @@
+"""Bad input gets a clear error that names the problem; nothing falls back silently."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import save_random_checkpoint
+from specrl.backends import BackendConfig
+from specrl.engine.engine import EngineConfig, RolloutEngine
+from specrl.engine.model import LlamaModel
+from specrl.engine.sampling import SamplingParams
+from specrl.spec.draft_model import DraftModelProposer
+
+
+@pytest.fixture
+def checkpoint(tmp_path, target_dir):
+    path = tmp_path / "ckpt"
+    shutil.copytree(target_dir, path)
+    return path
+
+
+def edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_unknown_architecture_is_named(checkpoint):
+    edit_config(checkpoint, model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    with pytest.raises(ValueError, match="unsupported architecture model_type='gpt2'"):
+        LlamaModel.from_pretrained(checkpoint)
+
+
+def test_missing_checkpoint_directory_says_no_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        LlamaModel.from_pretrained(tmp_path / "nowhere")
+
+
+def test_corrupt_safetensors_file_is_named(checkpoint):
+    (checkpoint / "model.safetensors").write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(ValueError, match="corrupt or unreadable safetensors"):
+        LlamaModel.from_pretrained(checkpoint)
+
+
+def test_pickle_checkpoints_are_refused_not_loaded(checkpoint):
+    (checkpoint / "model.safetensors").unlink()
+    (checkpoint / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(FileNotFoundError, match="pickle checkpoints are refused"):
+        LlamaModel.from_pretrained(checkpoint)
+
+
+def test_missing_tensor_is_named(checkpoint):
+    state = load_file(str(checkpoint / "model.safetensors"))
+    del state["model.layers.1.mlp.down_proj.weight"]
+    save_file(state, str(checkpoint / "model.safetensors"))
+    with pytest.raises(ValueError, match="model.layers.1.mlp.down_proj.weight"):
+        LlamaModel.from_pretrained(checkpoint)
+
+
+def test_non_finite_weights_are_refused(checkpoint):
+    state = load_file(str(checkpoint / "model.safetensors"))
+    state["model.norm.weight"][0] = float("nan")
+    save_file(state, str(checkpoint / "model.safetensors"))
+    with pytest.raises(ValueError, match="model.norm.weight.*NaN"):
+        LlamaModel.from_pretrained(checkpoint)
+
+
+def test_draft_with_another_vocabulary_is_refused(tmp_path, target_dir):
+    save_random_checkpoint(tmp_path, vocab=48)
+    with pytest.raises(ValueError, match="vocabulary mismatch.*48.*40"):
+        DraftModelProposer(LlamaModel.from_pretrained(tmp_path), LlamaModel.from_pretrained(target_dir).cfg.vocab_size)
+
+
+def test_prompt_longer_than_the_context_is_refused(target_dir):
+    engine = RolloutEngine(LlamaModel.from_pretrained(target_dir), config=EngineConfig(max_model_len=64))
+    with pytest.raises(ValueError, match="prompt 1 is too long for the context: 60 prompt tokens"):
+        engine.generate([[1, 2], [3] * 60], SamplingParams(max_tokens=8))
+
+
+def test_out_of_vocabulary_prompt_token_is_named(target_dir):
+    engine = RolloutEngine(LlamaModel.from_pretrained(target_dir))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate([[1, 99]], SamplingParams(max_tokens=4))
+
+
+def test_empty_prompt_is_refused(target_dir):
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        RolloutEngine(LlamaModel.from_pretrained(target_dir)).generate([[]], SamplingParams(max_tokens=4))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: EngineConfig(num_speculative_tokens=-1),
+    lambda: BackendConfig(num_speculative_tokens=-2),
+])
+def test_negative_k_is_refused(make):
+    with pytest.raises(ValueError, match="K"):
+        make()
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -0.5), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+                                         ("max_tokens", 0), ("n", 0)])
+def test_invalid_sampling_parameters_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_unknown_backend_or_proposer_is_named():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        BackendConfig(backend="tgi")
+    with pytest.raises(ValueError, match="proposer must be one of"):
+        BackendConfig(proposer="medusa")

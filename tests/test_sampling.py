@@ -1,0 +1,31 @@
+"""The target's final sampling distribution: temperature, top-k, top-p, greedy."""
+import pytest
+import torch
+
+from specrl.engine.sampling import SamplingParams, sampling_distribution
+
+LOGITS = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+
+
+def test_temperature_one_is_the_softmax():
+    probs, logprobs = sampling_distribution(LOGITS, SamplingParams(temperature=1.0))
+    assert torch.allclose(probs, torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    assert torch.allclose(logprobs, LOGITS)
+
+
+def test_top_k_keeps_the_k_most_likely_renormalised():
+    probs, _ = sampling_distribution(LOGITS, SamplingParams(top_k=2))
+    assert torch.allclose(probs, torch.tensor([2 / 3, 1 / 3, 0, 0]))
+
+
+@pytest.mark.parametrize("top_p,kept", [(0.5, 1), (0.6, 2), (0.75, 2), (0.8, 3), (1.0, 4)])
+def test_top_p_keeps_the_smallest_prefix_reaching_the_mass(top_p, kept):
+    probs, _ = sampling_distribution(LOGITS, SamplingParams(top_p=top_p))
+    assert int((probs > 0).sum()) == kept
+    assert abs(float(probs.sum()) - 1) < 1e-6
+
+
+def test_greedy_is_one_hot_with_model_logprobs():
+    probs, logprobs = sampling_distribution(LOGITS, SamplingParams(temperature=0))
+    assert probs.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert torch.allclose(logprobs, LOGITS)
