@@ -37,8 +37,8 @@ SGLANG_STEPS = 5
 def _row(name, source, kind, reference, predicted, bound):
     error = predicted / reference - 1.0
     ok = None if bound is None else abs(error) <= bound
-    return {"name": name, "source": source, "kind": kind, "published": round(reference, 4),
-            "predicted": round(float(predicted), 4), "error": round(float(error), 4), "bound": bound, "ok": ok}
+    return {"name": name, "source": source, "kind": kind, "published": float(f"{reference:.5g}"),
+            "predicted": float(f"{float(predicted):.5g}"), "error": round(float(error), 4), "bound": bound, "ok": ok}
 
 
 def iteration_speedup(engine: Engine, batch: int, k: int, length: float, context: float = SERVING_CONTEXT_TOKENS) -> float:
