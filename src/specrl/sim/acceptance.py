@@ -117,7 +117,13 @@ def fit_acceptance(lengths_by_k: dict[int, float]) -> Acceptance:
 
 def with_length(acc: Acceptance, k: int, length: float) -> Acceptance:
     """Same heterogeneity and decay, mean rescaled so the aggregate acceptance length at K equals `length`."""
-    if not 1.0 < length < k + 1:
-        raise ValueError(f"acceptance length at K={k} must be in (1, {k + 1}), got {length}")
+    top = max_length(acc, k)
+    if not 1.0 < length < top:
+        raise ValueError(f"acceptance length at K={k} must be in (1, {top:.2f}) for this acceptance shape, got {length}")
     mean = brentq(lambda m: acceptance_length(replace(acc, mean=m), k) - length, 1e-3, 0.995)
     return replace(acc, mean=float(mean))
+
+
+def max_length(acc: Acceptance, k: int) -> float:
+    """Largest acceptance length at K this shape reaches (mean acceptance 0.995)."""
+    return acceptance_length(replace(acc, mean=0.995), k)

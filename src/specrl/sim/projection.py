@@ -98,7 +98,10 @@ def sensitivity(s: Scenario, async_style: str = "drain") -> dict:
 
 def acceptance_needed(s: Scenario, target: float, k: int = 5, async_style: str = "drain") -> float | None:
     """Smallest acceptance length at K for which the scenario's step speedup reaches `target` (bisection)."""
-    lo, hi = 1.05, k + 0.95
+    from specrl.sim.acceptance import max_length
+    from specrl.sim.scenarios import acceptance_shape
+
+    lo, hi = 1.05, max_length(acceptance_shape(), k) - 0.01
 
     def f(length):
         return run_scenario(replace(s, k=k, acceptance_length=length), async_style)["step_speedup"] - target

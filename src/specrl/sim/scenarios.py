@@ -10,7 +10,8 @@ and reported with every result:
                    the cap; EAGLE-3 K=3 at acceptance length 2.47 (the seed's RL-Think
                    figure), training MFU 0.25 (MoE); async with staleness 1.
   cpu-tiny         specrl's tiny char-level Llama on this CPU (1 thread, fitted costs),
-                   32 prompts x 8, prompt 24 chars, mean 14, cap 40; draft tiny-draft K=3.
+                   8 prompts x 8, prompt 24 chars, mean 14, cap 40; draft tiny-draft K=3 at
+                   acceptance length 2.5 (assumed; replace with `specrl bench` figures).
 The acceptance shape (heterogeneity, per-position decay) is the one fitted on the
 vLLM H100 K-sweep; only its mean is set from each scenario's acceptance length.
 """
@@ -92,7 +93,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "cpu-tiny", "cpu", 1, "tiny", Layout(),
-            Workload(32, 8, 24, LengthDistribution(14, 0.4, 40, 0.0)), "draft:tiny-draft", 3, 2.5,
+            Workload(8, 8, 24, LengthDistribution(14, 0.4, 40, 0.0)), "draft:tiny-draft", 3, 2.5,
             train_mfu=0.05, max_seqs=256, notes="specrl tiny model on this CPU, 1 thread",
         ),
     ]
