@@ -16,6 +16,7 @@ generalisation rather than memorisation.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from dataclasses import dataclass
@@ -79,8 +80,13 @@ class Problem:
 
 
 def is_held_out(problem: Problem, config: ArithmeticConfig) -> bool:
-    """A fixed, seed-independent hash of the operands decides the held-out split."""
-    return (problem.a * 7919 + problem.b * 104729 + OPS.index(problem.op)) % config.held_out_every == 0
+    """A fixed, seed-independent hash of the expression decides the held-out split.
+
+    A cryptographic hash, not a linear one: `(k1*a + k2*b) % 10` would hold out exactly
+    the sums ending in one digit, a split the model could never generalise to.
+    """
+    digest = hashlib.blake2b(problem.expression.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % config.held_out_every == 0
 
 
 def generate_problems(config: ArithmeticConfig, n: int, seed: int, split: str = "train") -> list[Problem]:

@@ -50,7 +50,7 @@ class PretrainConfig:
     task: which arithmetic problems.
     """
 
-    steps: int = 800
+    steps: int = 220
     draft_steps: int = 400
     batch_size: int = 64
     lr: float = 3e-3
@@ -166,17 +166,23 @@ def distil_tiny_draft(target: PreTrainedModel, config: PretrainConfig) -> tuple[
 @torch.no_grad()
 def evaluate(target: PreTrainedModel, draft: PreTrainedModel | None, config: PretrainConfig) -> dict[str, float]:
     """Held-out accuracy of the target (greedy and temperature 1) and, given a draft, its agreement."""
-    problems = arithmetic.generate_problems(config.task, config.eval_problems, config.seed + 100, "test")
-    prompts = _encode([p.prompt for p in problems])
     tok = build_char_tokenizer(arithmetic.ALPHABET)
     out: dict[str, float] = {}
-    for name, temperature in (("accuracy_greedy", 0.0), ("accuracy_sampled", 1.0)):
+    seen = arithmetic.generate_problems(config.task, config.eval_problems, config.seed + 99, "train")
+    problems = arithmetic.generate_problems(config.task, config.eval_problems, config.seed + 100, "test")
+    prompts = _encode([p.prompt for p in problems])
+    for name, split_problems, temperature in (
+        ("accuracy_train_greedy", seen, 0.0),  # memorisation check: close to held-out means it generalises
+        ("accuracy_greedy", problems, 0.0),
+        ("accuracy_sampled", problems, 1.0),  # last, so `responses` below are temperature-1 samples
+    ):
+        split_prompts = _encode([p.prompt for p in split_problems])
         responses = sample_responses(
-            target, prompts, max_new_tokens=_max_new_tokens(config.task),
+            target, split_prompts, max_new_tokens=_max_new_tokens(config.task),
             eos_id=EOS_ID, pad_id=PAD_ID, temperature=temperature, seed=config.seed + 101,
         )
         texts = [tok.decode(r, skip_special_tokens=True) for r in responses]
-        out[name] = sum(arithmetic.score(p, t) for p, t in zip(problems, texts)) / len(problems)
+        out[name] = sum(arithmetic.score(p, t) for p, t in zip(split_problems, texts)) / len(split_problems)
     if draft is not None:
         batch = train_batch(prompts, responses, PAD_ID)  # the target's own temperature-1 samples
         p_logits = target(input_ids=batch.ids, attention_mask=batch.attention_mask).logits

