@@ -14,6 +14,8 @@ import sys
 # Module paths of the subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
     "specrl.commands.demo",
+    "specrl.commands.train",
+    "specrl.commands.plot",
     "specrl.commands.bench",
     "specrl.models.commands",
     "specrl.sim.command",

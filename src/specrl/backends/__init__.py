@@ -1,13 +1,21 @@
 """Rollout backends behind one protocol: `embedded` (default, PyTorch) and `vllm` (the scale path)."""
+from importlib.util import find_spec
+
 from specrl.backends.base import Backend, BackendConfig
 
 
-def make_backend(config: BackendConfig) -> Backend:
-    """Build the backend `config.backend` names."""
+def make_backend(config: BackendConfig, vllm_options=None) -> Backend:
+    """Build the backend `config.backend` names; `vllm_options` (a VLLMOptions) tunes the vllm backend."""
     if config.backend == "embedded":
         from specrl.backends.embedded import EmbeddedBackend
 
         return EmbeddedBackend(config)
+    if config.backend == "vllm":
+        if find_spec("vllm") is None:
+            raise ImportError("backend 'vllm' needs vLLM, which is not installed: pip install -e '.[vllm]'")
+        from specrl.backends.vllm import VLLMBackend
+
+        return VLLMBackend(config, vllm_options)
     raise ValueError(f"unknown backend {config.backend!r}; choose one of {BackendConfig.BACKENDS}")
 
 

@@ -71,3 +71,37 @@ class ReasoningGymTask:
         if answer is None:
             return 0.0
         return 1.0 if self.dataset.score_answer(answer, problem.entry) >= 1.0 else 0.0
+
+
+class ArithmeticTask:
+    """The `tiny` model's own arithmetic task (see specrl.models.arithmetic), same interface."""
+
+    def __init__(self, size: int, seed: int, difficulty: dict):
+        from specrl.models.arithmetic import ArithmeticConfig, generate_problems
+
+        try:
+            config = ArithmeticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in difficulty.items()})
+        except TypeError as err:
+            raise ValueError(f"task.difficulty for arithmetic: {err}") from err
+        self.problems = generate_problems(config, size, seed, split="train")
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def __getitem__(self, index: int):
+        return self.problems[index % len(self.problems)]
+
+    def render(self, problem, tokenizer) -> str:
+        return problem.prompt
+
+    def reward(self, response: str, problem) -> float:
+        from specrl.models.arithmetic import score
+
+        return score(problem, response)
+
+
+def make_task(name: str, size: int, seed: int, difficulty: dict):
+    """`arithmetic` or any reasoning-gym dataset name."""
+    if name == "arithmetic":
+        return ArithmeticTask(size, seed, difficulty)
+    return ReasoningGymTask(TaskConfig(name=name, size=size, seed=seed, difficulty=difficulty))

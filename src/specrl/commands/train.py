@@ -1,0 +1,63 @@
+"""`specrl train`: GRPO with speculative rollouts; ends with one JSON line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specrl.commands.common import console, set_threads
+from specrl.pipeline.config import PRESETS, TrainConfig, load_config
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train", help="GRPO training with exact speculative rollouts",
+        description="Runs synchronous GRPO: generate (speculative, exact) -> reward -> train -> sync weights. "
+                    "Config = --preset, then --config FILE (JSON), then key=value overrides with dotted keys, "
+                    "e.g. grpo.group_size=4 rollout.max_tokens=24 run.steps=10.")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named starting config")
+    p.add_argument("--config", default=None, help="JSON file of config values")
+    p.add_argument("--proposer", choices=["none", "ngram", "draft"], default=None,
+                   help="shorthand for backend.proposer=...")
+    p.add_argument("--backend", choices=["embedded", "vllm"], default=None, help="shorthand for backend.backend=...")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue a killed run from its last checkpoint (uses the run's saved config)")
+    p.set_defaults(func=run)
+
+
+def build_config(args) -> TrainConfig:
+    overrides = list(args.overrides)
+    if args.proposer:
+        overrides.append(f"backend.proposer={args.proposer}")
+    if args.backend:
+        overrides.append(f"backend.backend={args.backend}")
+    if args.resume:
+        saved = Path(args.resume) / "config.json"
+        if not saved.is_file():
+            raise FileNotFoundError(f"--resume {args.resume}: no config.json (not a specrl run folder)")
+        return load_config(file=str(saved), overrides=overrides)
+    return load_config(args.preset or "tiny", args.config, overrides)
+
+
+def run(args) -> dict:
+    from specrl.pipeline.sync import SyncTrainer
+
+    config = build_config(args)
+    set_threads(config.run.threads)
+    trainer = SyncTrainer(config, resume=bool(args.resume))
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console) as progress:
+        task = progress.add_task("", total=config.run.steps, completed=trainer.start_step)
+
+        def update(step, total, record):
+            spec = record["spec"]
+            progress.update(task, completed=step, description=(
+                f"reward {record['reward_mean']:.2f}  accept-len {spec['acceptance_length']:.2f}  "
+                f"{record['rollout_tokens_per_s']:.0f} tok/s  {record['step_seconds']:.1f}s/step"))
+
+        summary = trainer.run(progress=update)
+    console.print(f"run folder: {summary['run_dir']}  (plots: specrl plot {summary['run_dir']})")
+    return summary

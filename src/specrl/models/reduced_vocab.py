@@ -1,0 +1,107 @@
+"""A Llama-shaped draft whose output layer covers only N of the target's V tokens.
+
+Why: for SmolLM2-135M the tied lm_head (49152 x 576) is ~20% of the weights, so a
+small draft with a full-vocabulary head would cost ~0.2 target steps per drafted
+token. Scoring only the N ≈ 8192 tokens the target actually emits makes the draft
+several times cheaper while losing little acceptance.
+
+Checkpoint layout (a Hugging Face folder; safetensors + config.json, no code):
+- config.json: a normal `llama` config (vocab_size = V, the target's, for the input
+  embedding; tie_word_embeddings false) plus `"draft_vocab_size": N`.
+- model.safetensors: standard Llama tensor names, except `lm_head.weight` is [N, hidden];
+  plus `d2t` int64 [N], mapping draft-vocabulary ids to target-vocabulary ids.
+- the target's tokenizer files.
+
+The draft's distribution q is softmax(lm_head(h)) placed at target ids d2t and zero
+elsewhere. Speculative sampling stays exact for any q (tokens outside d2t are simply
+never proposed); only the acceptance rate depends on it.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+D2T_KEY = "d2t"
+
+
+def build_draft(target: LlamaForCausalLM, layers: int, d2t: torch.Tensor) -> LlamaForCausalLM:
+    """A `layers`-layer draft initialised from the target: embeddings, its first `layers`
+    decoder layers, final norm, and the lm_head rows of the ids in `d2t` [N]."""
+    if not 1 <= layers <= target.config.num_hidden_layers:
+        raise ValueError(f"draft layers must be in 1..{target.config.num_hidden_layers}, got {layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    config.tie_word_embeddings = False
+    config.draft_vocab_size = int(d2t.numel())
+    draft = LlamaForCausalLM(config)
+    _attach_reduced_head(draft, d2t)
+    with torch.no_grad():
+        draft.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        for i in range(layers):
+            draft.model.layers[i].load_state_dict(target.model.layers[i].state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+        draft.lm_head.weight.copy_(target.lm_head.weight[d2t])
+    return draft.float().eval()
+
+
+def _attach_reduced_head(model: LlamaForCausalLM, d2t: torch.Tensor) -> None:
+    if d2t.dtype != torch.long or d2t.dim() != 1:
+        raise ValueError(f"d2t must be a 1-D int64 tensor, got {d2t.dtype} of shape {tuple(d2t.shape)}")
+    vocab = model.config.vocab_size
+    if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= vocab):
+        raise ValueError(f"d2t holds ids outside the target vocabulary 0..{vocab - 1}")
+    if torch.unique(d2t).numel() != d2t.numel():
+        raise ValueError("d2t maps two draft ids to the same target id")
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, d2t.numel(), bias=False)
+    model.register_buffer(D2T_KEY, d2t.clone(), persistent=False)
+
+
+def save_draft(draft: LlamaForCausalLM, out_dir: Path) -> None:
+    """Write config.json and model.safetensors (with `d2t`) into `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = draft.config.to_dict()
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["draft_vocab_size"] = int(getattr(draft, D2T_KEY).numel())
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
+    tensors[D2T_KEY] = getattr(draft, D2T_KEY).contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_draft(path: Path) -> LlamaForCausalLM:
+    """Load a reduced-vocabulary draft (no code runs: JSON + safetensors only).
+
+    The returned model's logits are [.., N]; its `d2t` buffer maps them to target ids.
+    """
+    path = Path(path)
+    config_dict = json.loads((path / "config.json").read_text())
+    n = config_dict.get("draft_vocab_size")
+    if n is None:
+        raise ValueError(f"{path}/config.json has no draft_vocab_size: not a reduced-vocabulary draft")
+    config = LlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "transformers_version")})
+    tensors = load_file(str(path / "model.safetensors"))
+    if D2T_KEY not in tensors:
+        raise ValueError(f"{path}/model.safetensors has no {D2T_KEY!r} tensor (draft-to-target id map)")
+    d2t = tensors.pop(D2T_KEY)
+    if d2t.numel() != n or tensors["lm_head.weight"].shape[0] != n:
+        raise ValueError(
+            f"{path}: draft_vocab_size {n} disagrees with d2t {tuple(d2t.shape)} "
+            f"or lm_head.weight {tuple(tensors['lm_head.weight'].shape)}"
+        )
+    model = LlamaForCausalLM(config)
+    _attach_reduced_head(model, d2t.long())
+    model.load_state_dict(tensors, strict=True)
+    return model.float().eval()
+
+
+def full_vocab_probs(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """q over the target vocabulary: softmax over the N draft logits [.., N], scattered to d2t -> [.., V]."""
+    q = torch.softmax(draft_logits.float(), dim=-1)
+    out = q.new_zeros(*q.shape[:-1], vocab_size)
+    return out.index_copy_(-1, d2t, q)

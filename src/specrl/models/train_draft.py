@@ -1,0 +1,316 @@
+"""`specrl train-draft`: distil a reduced-vocabulary draft for SmolLM2-135M on its own samples.
+
+What it does, in order (every step seeded, CPU threads set on purpose):
+1. Prompts: reasoning-gym questions (chain_sum, basic_arithmetic, gsm_symbolic, round
+   robin) in the target's chat template: the kind of text RL rollouts produce.
+2. Samples: the target answers them with `generate` (plain sampling, temperature 1),
+   batch by batch until `sample_seconds` runs out. `generate` also hands back the logits
+   it sampled from, so the target's next-token distribution p at every response position
+   costs no extra forward pass. One held-out batch (other seeds) comes first.
+3. Draft vocabulary: the N target ids with the largest expected count sum_t p_t(x) over
+   the training positions (soft counts: they cover the most probability mass, unlike raw
+   counts of the few thousand sampled tokens). `d2t` maps draft ids to them.
+4. Distillation: the draft (see `reduced_vocab`: target embeddings + first `layers`
+   layers + final norm + the N lm_head rows) is trained with soft cross-entropy
+   -sum_x p~(x) log q(x), p~ = p restricted to the draft's support and renormalised.
+   For memory, training positions keep p's top `top_k` entries (their mass is reported);
+   held-out positions keep p in full, so the held-out metrics are exact.
+   The input embedding stays frozen; layers, norm and head train (AdamW, cosine).
+5. Held-out metrics before and after: the loss above, top-1 agreement, and the expected
+   acceptance of one drafted token sum_x min(p(x), q(x)).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from specrl.models.reduced_vocab import build_draft, save_draft
+from specrl.models.sequences import left_pad, train_batch
+
+TASKS = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
+
+
+@dataclass
+class TrainDraftConfig:
+    """Settings of `specrl train-draft`; the defaults fit in ~10 minutes on 2 CPU cores.
+
+    layers: decoder layers of the draft (initialised from the target's first layers).
+    draft_vocab: N, the size of the draft's output vocabulary.
+    sample_batch: prompts per `generate` call.
+    max_new_tokens: response cap when sampling.
+    sample_seconds: sampling stops starting new batches after this many seconds.
+    max_batches: at most this many training batches of samples.
+    held_out_prompts: prompts in the held-out batch (sampled first, from other seeds).
+    top_k: target probabilities kept per training position.
+    epochs: passes over the samples; train_seconds caps the distillation's wall time.
+    train_seconds: distillation stops after this many seconds.
+    lr: peak AdamW learning rate (linear warm-up over 10 steps, cosine to lr / 10).
+    micro_batch: sequences per optimiser step.
+    seed: seeds prompts, sampling and data order.
+    threads: torch CPU threads.
+    """
+
+    layers: int = 2
+    draft_vocab: int = 8192
+    sample_batch: int = 32
+    max_new_tokens: int = 128
+    sample_seconds: float = 300.0
+    max_batches: int = 16
+    held_out_prompts: int = 16
+    top_k: int = 128
+    epochs: int = 4
+    train_seconds: float = 150.0
+    lr: float = 5e-4
+    micro_batch: int = 8
+    seed: int = 0
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "draft_vocab", "sample_batch", "max_new_tokens", "max_batches",
+                     "held_out_prompts", "top_k", "epochs", "micro_batch", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainDraftConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.sample_seconds <= 0 or self.train_seconds <= 0 or self.lr <= 0:
+            raise ValueError("TrainDraftConfig.sample_seconds, train_seconds and lr must be > 0")
+
+
+def reasoning_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
+    """`n` chat-formatted reasoning-gym prompts as token ids, tasks in round robin."""
+    import reasoning_gym
+
+    per_task = math.ceil(n / len(TASKS))
+    datasets = [reasoning_gym.create_dataset(t, size=per_task, seed=seed + i) for i, t in enumerate(TASKS)]
+    questions = [datasets[i % len(TASKS)][i // len(TASKS)]["question"] for i in range(n)]
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)["input_ids"])
+        for q in questions
+    ]
+
+
+@dataclass
+class Samples:
+    """The target's samples and its distributions at their response positions."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]  # each cut after eos (included) or at max_new_tokens
+    top_p: list[torch.Tensor]  # per sample [len(response), top_k] float16, p's largest entries
+    top_ids: list[torch.Tensor]  # per sample [len(response), top_k] int32
+    full_p: list[torch.Tensor] | None  # per sample [len(response), V] float16, held-out only
+    soft_counts: torch.Tensor  # [V] float64, sum over positions of p
+
+
+@torch.no_grad()
+def sample_with_distributions(target, prompts, config: TrainDraftConfig, seed: int, keep_full: bool) -> Samples:
+    """One `generate` call; keeps, per response position, p's top-k (and, if asked, all of p)."""
+    eos = target.config.eos_token_id
+    ids, attention = left_pad(prompts, pad_id=eos)
+    gen = GenerationConfig(max_new_tokens=config.max_new_tokens, do_sample=True, temperature=1.0, top_k=None,
+                           top_p=None, eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(seed)
+    out = target.generate(input_ids=ids, attention_mask=attention, generation_config=gen,
+                          return_dict_in_generate=True, output_logits=True)
+    rows = out.sequences[:, ids.shape[1]:].tolist()
+    lengths = [r.index(eos) + 1 if eos in r else len(r) for r in rows]
+    vocab = out.logits[0].shape[-1]
+    soft = torch.zeros(vocab, dtype=torch.float64)
+    tops_p, tops_i, fulls = [[] for _ in rows], [[] for _ in rows], [[] for _ in rows]
+    for t, logits in enumerate(out.logits):  # logits [B, V] predicting response token t
+        live = torch.tensor([t < n for n in lengths])
+        if not live.any():
+            break
+        p = torch.softmax(logits[live].float(), dim=-1)
+        soft += p.sum(0, dtype=torch.float64)
+        values, indices = p.topk(config.top_k, dim=-1)
+        for j, b in enumerate(live.nonzero().flatten().tolist()):
+            tops_p[b].append(values[j].half())
+            tops_i[b].append(indices[j].int())
+            if keep_full:
+                fulls[b].append(p[j].half())
+    return Samples(
+        prompts=list(prompts),
+        responses=[r[:n] for r, n in zip(rows, lengths)],
+        top_p=[torch.stack(x) for x in tops_p],
+        top_ids=[torch.stack(x) for x in tops_i],
+        full_p=[torch.stack(x) for x in fulls] if keep_full else None,
+        soft_counts=soft,
+    )
+
+
+def _merge(parts: list[Samples]) -> Samples:
+    return Samples(
+        prompts=[p for s in parts for p in s.prompts],
+        responses=[r for s in parts for r in s.responses],
+        top_p=[x for s in parts for x in s.top_p],
+        top_ids=[x for s in parts for x in s.top_ids],
+        full_p=None,
+        soft_counts=sum(s.soft_counts for s in parts),
+    )
+
+
+def _dense_targets(samples: Samples, idx: list[int], d2t: torch.Tensor, t2d: torch.Tensor, width: int, full: bool) -> torch.Tensor:
+    """p over the draft vocabulary [B, width, N] (not renormalised), aligned with `train_batch` positions.
+
+    full: read the held-out full distributions (exact) instead of the top-k entries.
+    """
+    out = torch.zeros(len(idx), width, d2t.numel())
+    for row, i in enumerate(idx):
+        start = len(samples.prompts[i]) - 1
+        steps = len(samples.responses[i])
+        if full:
+            out[row, start : start + steps] = samples.full_p[i][:, d2t].float()
+        else:
+            ids = t2d[samples.top_ids[i].long()]  # [steps, k], -1 outside the support
+            vals = samples.top_p[i].float() * (ids >= 0)
+            out[row, start : start + steps].scatter_add_(-1, ids.clamp_min(0), vals)
+    return out
+
+
+def _metrics(draft, samples: Samples, d2t: torch.Tensor, t2d: torch.Tensor, micro_batch: int) -> dict[str, float]:
+    """Exact held-out loss / top-1 agreement / acceptance / coverage (p's mass on the support)."""
+    tot = {"loss": 0.0, "top1": 0.0, "acceptance": 0.0, "coverage": 0.0, "positions": 0.0}
+    draft.eval()
+    with torch.no_grad():
+        for s in range(0, len(samples.prompts), micro_batch):
+            idx = list(range(s, min(s + micro_batch, len(samples.prompts))))
+            batch = train_batch([samples.prompts[i] for i in idx], [samples.responses[i] for i in idx], pad_id=0)
+            p = _dense_targets(samples, idx, d2t, t2d, batch.ids.shape[1], full=True)  # [B, T, N]
+            logq = torch.log_softmax(draft(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float(), -1)
+            mask = batch.loss_mask
+            mass = p.sum(-1)
+            tot["loss"] += float((-(p / mass.clamp_min(1e-12).unsqueeze(-1)) * logq).sum(-1).mul(mask).sum())
+            tot["acceptance"] += float(torch.minimum(p, logq.exp()).sum(-1).mul(mask).sum())
+            tot["coverage"] += float((mass * mask).sum())
+            full_top = torch.zeros_like(mask, dtype=torch.long)
+            for row, i in enumerate(idx):
+                start = len(samples.prompts[i]) - 1
+                full_top[row, start : start + len(samples.responses[i])] = samples.full_p[i].float().argmax(-1)
+            tot["top1"] += float(((d2t[logq.argmax(-1)] == full_top).float() * mask).sum())
+            tot["positions"] += float(mask.sum())
+    n_pos = max(tot.pop("positions"), 1.0)
+    return {k: v / n_pos for k, v in tot.items()}
+
+
+def _distil(draft, samples: Samples, d2t: torch.Tensor, t2d: torch.Tensor, config: TrainDraftConfig) -> float:
+    for p in draft.model.embed_tokens.parameters():
+        p.requires_grad_(False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    order = torch.Generator().manual_seed(config.seed + 7)
+    steps_per_epoch = math.ceil(len(samples.prompts) / config.micro_batch)
+    total = steps_per_epoch * config.epochs
+    draft.train()
+    start, recent = time.perf_counter(), []
+    bar = tqdm(total=total, desc="distil draft", unit="step", dynamic_ncols=True)
+    step = 0
+    for _ in range(config.epochs):
+        perm = torch.randperm(len(samples.prompts), generator=order).tolist()
+        for s in range(0, len(perm), config.micro_batch):
+            if time.perf_counter() - start > config.train_seconds:
+                break
+            idx = perm[s : s + config.micro_batch]
+            batch = train_batch([samples.prompts[i] for i in idx], [samples.responses[i] for i in idx], pad_id=0)
+            p = _dense_targets(samples, idx, d2t, t2d, batch.ids.shape[1], full=False)
+            p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+            logq = torch.log_softmax(draft(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float(), -1)
+            loss = ((-(p * logq).sum(-1)) * batch.loss_mask).sum() / batch.loss_mask.sum().clamp_min(1.0)
+            warm = min(1.0, (step + 1) / 10)
+            cosine = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step / max(total, 1), 1.0)))
+            for g in opt.param_groups:
+                g["lr"] = config.lr * warm * cosine
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            recent = (recent + [loss.item()])[-20:]
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
+    bar.close()
+    draft.eval()
+    return sum(recent) / max(len(recent), 1)
+
+
+def train_draft(target_path: Path, out: Path, config: TrainDraftConfig) -> dict:
+    """Sample, choose the vocabulary, distil, evaluate, and save the draft to `out` (atomically)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    t0 = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+        held_prompts = reasoning_prompts(tokenizer, config.held_out_prompts, config.seed + 1000)
+        train_prompts = reasoning_prompts(tokenizer, config.sample_batch * config.max_batches, config.seed)
+        bar = tqdm(total=config.max_batches + 1, desc="sample target", unit="batch", dynamic_ncols=True)
+        held = sample_with_distributions(target, held_prompts, config, config.seed + 1000, keep_full=True)
+        bar.update(1)
+        parts, sample_start = [], time.perf_counter()
+        for b in range(config.max_batches):
+            chunk = train_prompts[b * config.sample_batch : (b + 1) * config.sample_batch]
+            parts.append(sample_with_distributions(target, chunk, config, config.seed + b, keep_full=False))
+            bar.update(1)
+            elapsed = time.perf_counter() - sample_start
+            bar.set_postfix(tokens=sum(len(r) for s in parts for r in s.responses))
+            if elapsed * (b + 2) / (b + 1) > config.sample_seconds:  # the next batch would overrun
+                break
+        bar.close()
+        samples = _merge(parts)
+        sampled_at = time.perf_counter()
+
+        vocab = target.config.vocab_size
+        n = min(config.draft_vocab, vocab)
+        d2t = torch.sort(torch.topk(samples.soft_counts, n).indices).values  # [N], ascending target ids
+        t2d = torch.full((vocab,), -1, dtype=torch.long)
+        t2d[d2t] = torch.arange(n)
+
+        draft = build_draft(target, config.layers, d2t)
+        del target
+        before = _metrics(draft, held, d2t, t2d, config.micro_batch)
+        train_loss = _distil(draft, samples, d2t, t2d, config)
+        after = _metrics(draft, held, d2t, t2d, config.micro_batch)
+    finally:
+        torch.set_num_threads(threads)
+    top_mass = float(sum(x.float().sum() for x in samples.top_p) / max(sum(len(r) for r in samples.responses), 1))
+    summary = {
+        "target": str(target_path),
+        "layers": config.layers,
+        "draft_vocab": n,
+        "train_samples": len(samples.prompts),
+        "train_tokens": sum(len(r) for r in samples.responses),
+        "held_out_tokens": sum(len(r) for r in held.responses),
+        "top_k_mass": round(top_mass, 4),
+        "vocab_coverage_held_out": round(after["coverage"], 4),
+        "loss_before": round(before["loss"], 4),
+        "loss_after": round(after["loss"], 4),
+        "top1_before": round(before["top1"], 4),
+        "top1_after": round(after["top1"], 4),
+        "acceptance_before": round(before["acceptance"], 4),
+        "acceptance_after": round(after["acceptance"], 4),
+        "train_loss_final": round(train_loss, 4),
+        "sample_seconds": round(sampled_at - t0, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    _save(draft, tokenizer, Path(out), {"config": asdict(config), "summary": summary})
+    return {**summary, "out": str(Path(out).resolve())}
+
+
+def _save(draft, tokenizer, out: Path, record: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_draft(draft, tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "specrl_train.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

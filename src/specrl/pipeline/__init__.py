@@ -1,0 +1,1 @@
+"""The RL pipeline: the sync loop, weight sync, checkpoint / resume, run configs."""

@@ -1,0 +1,96 @@
+"""Checkpoint / resume: everything a killed run needs to continue with nothing lost or repeated.
+
+Layout of `RUN_DIR/checkpoints/step_000020/`:
+    policy/            Hugging Face layout (config.json + model.safetensors + tokenizer)
+    draft/             the same, when the run trains a draft
+    optimizer.safetensors        AdamW moments and step counts, flattened
+    draft_optimizer.safetensors  likewise for the draft
+    state.json         step, policy version, optimiser param groups, Python RNG state
+    rng.safetensors    torch's CPU RNG state
+No pickle anywhere. A checkpoint is written into a temporary folder and renamed,
+so a kill mid-save leaves the previous checkpoint intact.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
+    state = optimizer.state_dict()
+    tensors = {}
+    for index, slots in state["state"].items():
+        for name, value in slots.items():
+            tensors[f"{index}.{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return tensors, state["param_groups"]
+
+
+def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list) -> None:
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, tokenizer,
+                    draft=None, draft_optimizer=None) -> Path:
+    """Write checkpoint `step` atomically; returns its folder."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    policy.save_pretrained(tmp / "policy", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "policy")
+    tensors, groups = _optimizer_tensors(optimizer)
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    state = {"step": step, "version": version, "param_groups": groups, "python_rng": _python_rng()}
+    if draft is not None:
+        draft.save_pretrained(tmp / "draft", safe_serialization=True)
+        draft_tensors, draft_groups = _optimizer_tensors(draft_optimizer)
+        save_file(draft_tensors, str(tmp / "draft_optimizer.safetensors"))
+        state["draft_param_groups"] = draft_groups
+    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+    (tmp / "state.json").write_text(json.dumps(state))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def _python_rng() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
+    return found[-1] if found else None
+
+
+def read_state(checkpoint: Path) -> dict:
+    path = Path(checkpoint) / "state.json"
+    if not path.is_file():
+        raise ValueError(f"{checkpoint}: incomplete checkpoint (no state.json)")
+    return json.loads(path.read_text())
+
+
+def restore_training_state(checkpoint: Path, optimizer, draft_optimizer=None) -> dict:
+    """Load optimiser(s) and RNG states from `checkpoint`; returns state.json's contents."""
+    checkpoint = Path(checkpoint)
+    state = read_state(checkpoint)
+    _restore_optimizer(optimizer, load_file(str(checkpoint / "optimizer.safetensors")), state["param_groups"])
+    if draft_optimizer is not None:
+        if not (checkpoint / "draft_optimizer.safetensors").is_file():
+            raise ValueError(f"{checkpoint}: the run trains a draft but the checkpoint has no draft optimizer")
+        _restore_optimizer(draft_optimizer, load_file(str(checkpoint / "draft_optimizer.safetensors")),
+                           state["draft_param_groups"])
+    torch.set_rng_state(load_file(str(checkpoint / "rng.safetensors"))["torch"])
+    version, internal, gauss = state["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+    return state

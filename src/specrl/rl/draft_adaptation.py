@@ -1,0 +1,86 @@
+"""Online draft adaptation: keep the draft in step with the drifting policy.
+
+On the same rollouts the policy trains on, the draft is trained by soft
+cross-entropy against the policy's detached next-token distribution at the
+sampling temperature T:
+
+    L_draft = - sum_t mask_t * sum_x p_T(x | <t) * log q_T(x | <t)  /  sum_t mask_t
+
+with p_T = softmax(policy_logits / T) and q_T = softmax(draft_logits / T), the
+distribution the draft samples its proposals from. Minimising it maximises the
+expected acceptance sum_x min(p, q) in the limit q -> p. The draft has its own
+optimiser; its weights are synced into the engine with the policy's, under the
+same version. The draft never changes what is sampled, only how fast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from specrl.models.sequences import TrainBatch
+
+
+@dataclass(frozen=True)
+class DraftAdaptConfig:
+    """Online draft training settings."""
+
+    enabled: bool = True  # train the draft during RL (only for proposers with a draft model)
+    every: int = 1  # adapt on every N-th step's rollouts
+    lr: float = 3e-4  # the draft's AdamW learning rate
+    loss_weight: float = 1.0  # lambda: scales the draft loss (the seed system uses ~0.1 on a shared optimiser)
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ValueError(f"draft.every must be >= 1, got {self.every}")
+        if self.lr <= 0 or self.loss_weight <= 0:
+            raise ValueError(f"draft.lr and draft.loss_weight must be > 0, got {self.lr}, {self.loss_weight}")
+
+
+def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor, mask: torch.Tensor,
+                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (sum over masked positions of the soft CE, sum of expected acceptance sum_x min(p, q))."""
+    p = (policy_logits / temperature).softmax(-1)
+    log_q = (draft_logits / temperature).log_softmax(-1)
+    ce = -(p * log_q).sum(-1)  # [B, T]
+    with torch.no_grad():
+        acceptance = torch.minimum(p, log_q.exp()).sum(-1)
+    return (ce * mask).sum(), (acceptance * mask).sum()
+
+
+class DraftTrainer:
+    def __init__(self, checkpoint_dir, config: DraftAdaptConfig, temperature: float):
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
+        if getattr(self.model.config, "draft_vocab_size", None):
+            raise ValueError(f"{checkpoint_dir}: online adaptation of reduced-vocabulary drafts is not supported; "
+                             "set draft.enabled=false or use a full-vocabulary draft")
+        self.model.train()
+        self.config, self.temperature = config, temperature
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss_sum, self.acceptance_sum, self.tokens = 0.0, 0.0, 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, num_tokens: int) -> None:
+        """Backward one micro-batch's draft loss (normalised by the whole batch's tokens)."""
+        draft_logits = self.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
+        loss, acceptance = soft_cross_entropy(draft_logits, policy_logits, batch.loss_mask, self.temperature)
+        (self.config.loss_weight * loss / num_tokens).backward()
+        self.loss_sum += float(loss)
+        self.acceptance_sum += float(acceptance)
+        self.tokens += float(batch.loss_mask.sum())
+
+    def step(self) -> dict[str, float]:
+        """Apply the accumulated gradient; returns the pre-update loss and expected acceptance."""
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        stats = {"draft_loss": self.loss_sum / max(self.tokens, 1),
+                 "draft_expected_acceptance": self.acceptance_sum / max(self.tokens, 1)}
+        self._reset()
+        return stats

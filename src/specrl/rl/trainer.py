@@ -1,0 +1,110 @@
+"""The policy trainer: one GRPO optimiser step on a Hugging Face `transformers` causal LM.
+
+The batch is split into micro-batches whose gradients accumulate, so memory stays
+bounded by `micro_batch_size` whatever the rollout batch. All micro-batches run on
+the same (pre-update) weights, so the logprobs they compute are the trainer's
+logprobs of the rollout tokens, compared with the engine's for the parity metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from specrl.models.sequences import TrainBatch, train_batch
+from specrl.rl.grpo import GRPOConfig, grpo_loss
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW settings and micro-batching for the policy."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # clip the global gradient norm; 0 = no clipping
+    micro_batch_size: int = 8  # sequences per forward/backward
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"optim.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.max_grad_norm < 0:
+            raise ValueError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+
+
+def response_logits(model, batch: TrainBatch) -> torch.Tensor:
+    """Logits at every position [B, T, V] (position t predicts ids[:, t+1])."""
+    return model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p_T(ids[:, t+1] | ids[:, :t+1]) at position t -> [B, T] (last column 0)."""
+    logprobs = (logits[:, :-1] / temperature).log_softmax(-1)
+    picked = logprobs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return F.pad(picked, (0, 1))
+
+
+def align_per_token(values: list[list[float]], prompts: list[list[int]], width: int) -> torch.Tensor:
+    """Per-response-token values placed where `train_batch`'s loss_mask is 1 -> [B, width]."""
+    out = torch.zeros(len(values), width)
+    for i, (row, prompt) in enumerate(zip(values, prompts)):
+        out[i, len(prompt) - 1: len(prompt) - 1 + len(row)] = torch.tensor(row)
+    return out
+
+
+class PolicyTrainer:
+    def __init__(self, checkpoint_dir, grpo: GRPOConfig, optim: OptimConfig, temperature: float, pad_id: int):
+        if temperature <= 0:
+            raise ValueError("training needs a sampling temperature > 0 (logprobs under greedy decoding are degenerate)")
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
+        self.model.train()
+        self.reference = None
+        if grpo.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32).eval()
+        self.grpo, self.optim, self.temperature, self.pad_id = grpo, optim, temperature, pad_id
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Policy weights under Hugging Face names, detached, for weight sync."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
+             advantages: torch.Tensor, on_micro_batch=None) -> dict[str, float]:
+        """One optimiser step. `on_micro_batch(batch, logits)` sees each micro-batch's detached
+        policy logits (the draft adaptation trains on them)."""
+        num_tokens = sum(len(r) for r in responses)
+        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        abs_err, max_err = 0.0, 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        size = self.optim.micro_batch_size
+        for start in range(0, len(prompts), size):
+            rows = slice(start, start + size)
+            batch = train_batch(prompts[rows], responses[rows], self.pad_id)
+            behaviour = align_per_token(behaviour_logprobs[rows], prompts[rows], batch.ids.shape[1])
+            logits = response_logits(self.model, batch)
+            logprobs = token_logprobs(logits, batch.ids, self.temperature)
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(response_logits(self.reference, batch), batch.ids, self.temperature)
+            loss, micro = grpo_loss(logprobs, behaviour, advantages[rows], batch.loss_mask, self.grpo,
+                                    num_tokens=num_tokens, ref_logprobs=ref)
+            loss.backward()
+            stats["loss"] += float(loss.detach())
+            for key in ("kl", "clip_fraction"):
+                stats[key] += micro[key]
+            with torch.no_grad():
+                err = (logprobs - behaviour).abs() * batch.loss_mask
+                abs_err += float(err.sum())
+                max_err = max(max_err, float(err.max()))
+            if on_micro_batch is not None:
+                on_micro_batch(batch, logits.detach())
+        if self.optim.max_grad_norm > 0:
+            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm))
+        self.optimizer.step()
+        stats["logprob_abs_error_mean"] = abs_err / max(num_tokens, 1)
+        stats["logprob_abs_error_max"] = max_err
+        return stats
