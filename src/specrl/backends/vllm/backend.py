@@ -100,7 +100,7 @@ class VLLMBackend:
                                     use_tqdm=False)
         delta = metrics.read_counters(self.llm, self.served_name, self.speculative).minus(before)
         k = self.spec_config["num_speculative_tokens"] if self.speculative else 0
-        return GenerateResult(completions=to_completions(outputs, self.version), spec=delta.spec or SpecStats(),
+        return GenerateResult(completions=to_completions(outputs, self.version, self.tokenizer, params.stop), spec=delta.spec or SpecStats(),
                               seconds=time.perf_counter() - start, steps=delta.steps,
                               k_histogram={k: delta.steps} if delta.steps else {})
 

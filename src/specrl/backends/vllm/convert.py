@@ -44,7 +44,19 @@ def encode_prompts(prompts: list, tokenizer, vocab_size: int) -> list[list[int]]
     return encoded
 
 
-def to_completions(outputs: list, version: int) -> list[Completion]:
+def response_text(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> str:
+    """The response as the embedded engine writes it: special tokens skipped (a stop token's own
+    text kept, where vLLM drops it), cut before the first stop string."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if stop:
+        raw = tokenizer.decode(tokens, skip_special_tokens=False)
+        hits = [raw.find(s) for s in stop if s in raw]
+        if hits:
+            text = raw[:min(hits)]
+    return text
+
+
+def to_completions(outputs: list, version: int, tokenizer, stop: tuple[str, ...] = ()) -> list[Completion]:
     """Prompt-major completions from vLLM RequestOutputs (one per prompt, each with n outputs)."""
     completions = []
     for prompt_index, request in enumerate(outputs):
@@ -54,7 +66,7 @@ def to_completions(outputs: list, version: int) -> list[Completion]:
             completions.append(Completion(
                 prompt_index=prompt_index, sample_index=sample.index, token_ids=tokens, logprobs=logprobs,
                 versions=[version] * len(tokens), finish_reason=finish_reason(sample.finish_reason),
-                text=sample.text,
+                text=response_text(tokenizer, tokens, stop),
             ))
     return completions
 
