@@ -39,14 +39,17 @@ class DraftAdaptConfig:
 
 
 def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor, mask: torch.Tensor,
-                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (sum over masked positions of the soft CE, sum of expected acceptance sum_x min(p, q))."""
-    p = (policy_logits / temperature).softmax(-1)
+                       temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """-> (sum over masked positions of the soft CE, sums of KL(p || q) and of the expected
+    acceptance sum_x min(p, q)). CE = H(p) + KL(p || q): only the KL depends on the draft."""
+    log_p = (policy_logits / temperature).log_softmax(-1)
     log_q = (draft_logits / temperature).log_softmax(-1)
+    p = log_p.exp()
     ce = -(p * log_q).sum(-1)  # [B, T]
     with torch.no_grad():
+        kl = (p * (log_p - log_q)).sum(-1)
         acceptance = torch.minimum(p, log_q.exp()).sum(-1)
-    return (ce * mask).sum(), (acceptance * mask).sum()
+    return (ce * mask).sum(), {"kl": float((kl * mask).sum()), "acceptance": float((acceptance * mask).sum())}
 
 
 class DraftTrainer:
@@ -61,7 +64,7 @@ class DraftTrainer:
         self._reset()
 
     def _reset(self) -> None:
-        self.loss_sum, self.acceptance_sum, self.tokens = 0.0, 0.0, 0.0
+        self.loss_sum, self.kl_sum, self.acceptance_sum, self.tokens = 0.0, 0.0, 0.0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -70,17 +73,18 @@ class DraftTrainer:
     def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, num_tokens: int) -> None:
         """Backward one micro-batch's draft loss (normalised by the whole batch's tokens)."""
         draft_logits = self.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
-        loss, acceptance = soft_cross_entropy(draft_logits, policy_logits, batch.loss_mask, self.temperature)
+        loss, sums = soft_cross_entropy(draft_logits, policy_logits, batch.loss_mask, self.temperature)
         (self.config.loss_weight * loss / num_tokens).backward()
-        self.loss_sum += float(loss)
-        self.acceptance_sum += float(acceptance)
+        self.loss_sum += float(loss.detach())
+        self.kl_sum += sums["kl"]
+        self.acceptance_sum += sums["acceptance"]
         self.tokens += float(batch.loss_mask.sum())
 
     def step(self) -> dict[str, float]:
         """Apply the accumulated gradient; returns the pre-update loss and expected acceptance."""
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
-        stats = {"draft_loss": self.loss_sum / max(self.tokens, 1),
+        stats = {"draft_loss": self.loss_sum / max(self.tokens, 1), "draft_kl": self.kl_sum / max(self.tokens, 1),
                  "draft_expected_acceptance": self.acceptance_sum / max(self.tokens, 1)}
         self._reset()
         return stats

@@ -1,0 +1,65 @@
+"""GRPO pieces against hand calculations."""
+import pytest
+import torch
+
+from specrl.rl.advantages import group_advantages
+from specrl.rl.grpo import GRPOConfig, grpo_loss
+
+
+def test_group_advantages_normalise_within_each_group():
+    adv = group_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1]), group_size=4)
+    std = (0.25 * 0.75) ** 0.5
+    expected = [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std, 0, 0, 0, 0]
+    assert torch.allclose(adv, torch.tensor(expected), atol=1e-4)
+
+
+def test_group_advantages_without_scaling_are_mean_centred():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), group_size=2, scale=False)
+    assert adv.tolist() == [0.5, -0.5, 0.0, 0.0]
+
+
+def test_rewards_that_do_not_split_into_groups_are_refused():
+    with pytest.raises(ValueError, match="groups of 3"):
+        group_advantages(torch.zeros(4), group_size=3)
+
+
+def test_on_policy_loss_gradient_is_the_token_mean_policy_gradient():
+    logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([2.0, -1.0])
+    loss, stats = grpo_loss(logprobs, logprobs.detach(), adv, mask, GRPOConfig(group_size=2))
+    loss.backward()
+    # d(-sum rho*A*mask / 3)/dl = -A*mask/3 at rho = 1
+    assert torch.allclose(logprobs.grad, -adv.unsqueeze(1) * mask / 3)
+    assert loss.item() == pytest.approx(-(2 * 2 - 1) / 3)
+    assert stats["clip_fraction"] == 0
+
+
+def test_ratio_outside_the_clip_range_stops_the_gradient_for_positive_advantage():
+    behaviour = torch.tensor([[-1.0]])
+    current = (behaviour + 0.5).requires_grad_()  # rho = e^0.5 > 1.2
+    loss, stats = grpo_loss(current, behaviour, torch.tensor([1.0]), torch.ones(1, 1), GRPOConfig(group_size=2))
+    loss.backward()
+    assert current.grad.abs().item() == 0 and stats["clip_fraction"] == 1
+    assert loss.item() == pytest.approx(-1.2)
+
+
+def test_micro_batched_losses_sum_to_the_full_batch_loss():
+    gen = torch.Generator().manual_seed(0)
+    lp, old = torch.randn(6, 5, generator=gen), torch.randn(6, 5, generator=gen)
+    mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
+    adv = torch.randn(6, generator=gen)
+    cfg = GRPOConfig(group_size=2)
+    full, _ = grpo_loss(lp, old, adv, mask, cfg)
+    total = int(mask.sum())
+    parts = sum(grpo_loss(lp[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], cfg, num_tokens=total)[0]
+                for i in range(0, 6, 2))
+    assert parts.item() == pytest.approx(full.item(), abs=1e-6)
+
+
+def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
+    lp = torch.tensor([[-1.0, -2.0]])
+    cfg = GRPOConfig(group_size=2, kl_coef=0.1)
+    _, at_ref = grpo_loss(lp, lp, torch.zeros(1), torch.ones(1, 2), cfg, ref_logprobs=lp)
+    _, away = grpo_loss(lp, lp, torch.zeros(1), torch.ones(1, 2), cfg, ref_logprobs=lp - 0.5)
+    assert at_ref["kl"] == 0 and away["kl"] > 0

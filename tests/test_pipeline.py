@@ -1,0 +1,124 @@
+"""The sync GRPO pipeline on the tiny model.
+
+Chain of invariants:
+    rollout logprobs            == the trainer's logprobs of the same tokens (<= 1e-4);
+    engine after weight sync    == the trainer's updated policy (logprobs, <= 1e-4);
+    resumed run                 == uninterrupted run of the same seed, step for step;
+    configs                     fail at load, naming the key.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from specrl.engine.sampling import SamplingParams
+from specrl.models.registry import resolve_checkpoint
+from specrl.pipeline.config import load_config
+from specrl.pipeline.sync import SyncTrainer
+from specrl.rl.trainer import token_logprobs
+from specrl.models.sequences import train_batch
+
+SMALL = ["rollout.prompts_per_step=4", "grpo.group_size=4", "rollout.max_tokens=12", "run.tensorboard=false",
+         "optim.lr=1e-3", "optim.micro_batch_size=8"]
+
+
+def small_config(tmp_path, *extra):
+    return load_config("tiny", overrides=SMALL + [f"run.run_dir={tmp_path}"] + list(extra))
+
+
+def test_rollout_logprobs_match_the_trainer_during_training(tmp_path):
+    trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", "backend.proposer=draft"))
+    summary = trainer.run()
+    for record in trainer.history:
+        assert record["train"]["logprob_abs_error_max"] < 1e-4
+    assert summary["steps_run"] == 2 and summary["acceptance_length"] > 1.0
+
+
+def test_engine_after_weight_sync_produces_the_trainers_logprobs(tmp_path):
+    trainer = SyncTrainer(small_config(tmp_path, "run.steps=1"))
+    trainer.run()  # one optimiser step with lr 1e-3, then sync as version 1
+    backend, tok = trainer.backend, trainer.tokenizer
+    prompt = trainer.task.render(trainer.task[123], tok)
+    result = backend.generate([prompt], SamplingParams(max_tokens=10, seed=3))
+    completion = result.completions[0]
+    assert completion.versions == [1] * len(completion.token_ids)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    batch = train_batch([ids], [completion.token_ids], pad_id=0)
+    with torch.no_grad():
+        lp = token_logprobs(trainer.trainer.model(input_ids=batch.ids).logits, batch.ids, 1.0)
+    trainer_lp = lp[0, len(ids) - 1: len(ids) - 1 + len(completion.token_ids)]
+    assert torch.allclose(trainer_lp, torch.tensor(completion.logprobs), atol=1e-4)
+
+
+def test_online_draft_adaptation_brings_the_draft_closer_to_a_fixed_policy(tmp_path):
+    # a freshly initialised draft with tiny-draft's shape; a vanishing policy learning rate holds
+    # the policy still, so any change in the draft's KL to it is the adaptation's doing
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(resolve_checkpoint("tiny-draft")))
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "fresh-draft")
+    trainer = SyncTrainer(small_config(tmp_path / "run", "run.steps=12", "backend.proposer=draft", "draft.lr=1e-2",
+                                       "optim.lr=1e-12", f"backend.draft={tmp_path / 'fresh-draft'}"))
+    trainer.run()
+    kl = [r["train"]["draft_kl"] for r in trainer.history]
+    acceptance = [r["train"]["draft_expected_acceptance"] for r in trainer.history]
+    assert sum(kl[-3:]) / 3 < 0.9 * sum(kl[:3]) / 3
+    assert sum(acceptance[-3:]) > sum(acceptance[:3])
+
+
+def read_rewards(run_dir):
+    return [json.loads(line)["reward_mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_command(run_dir, *extra):
+    return [sys.executable, "-m", "specrl.cli", "train", "--preset", "tiny", *SMALL, f"run.run_dir={run_dir}", *extra]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_matches_the_uninterrupted_run(tmp_path):
+    # fixed K: the adaptive controller picks K from wall-clock timings, which changes how many
+    # random numbers a step draws; the distribution stays exact but the samples would differ
+    steps = ["run.steps=6", "run.checkpoint_every=2", "run.threads=1", "backend.adaptive=false"]
+    reference = tmp_path / "reference"
+    subprocess.run(train_command(reference, *steps), check=True, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_command(killed, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill once step 3 is on record: a checkpoint exists, the run is mid-way
+        metrics = killed / "metrics.jsonl"
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(read_rewards(killed)) < 6, "the run finished before it could be killed"
+    resumed = subprocess.run([sys.executable, "-m", "specrl.cli", "train", "--resume", str(killed)],
+                             check=True, capture_output=True, text=True)
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from"] in (2, 4) and summary["steps_run"] == 6 - summary["resumed_from"]
+    assert read_rewards(killed) == read_rewards(reference)
+
+
+def test_unknown_config_key_is_named():
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['grpo.gruop_size'\]"):
+        load_config("tiny", overrides=["grpo.gruop_size=4"])
+
+
+def test_bad_config_value_is_named():
+    with pytest.raises(ValueError, match="rollout.temperature must be > 0"):
+        load_config("tiny", overrides=["rollout.temperature=0"])
+    with pytest.raises(ValueError, match="'optim.lr' expects"):
+        load_config("tiny", overrides=["optim.lr=fast"])
+
+
+def test_resume_without_a_checkpoint_says_so(tmp_path):
+    with pytest.raises(ValueError, match="no checkpoint to resume from"):
+        SyncTrainer(small_config(tmp_path), resume=True)
