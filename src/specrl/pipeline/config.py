@@ -75,12 +75,12 @@ class TrainConfig:
 
 PRESETS: dict[str, dict] = {
     "tiny": {
-        "run": {"steps": 60, "run_dir": "runs/tiny", "checkpoint_every": 20},
+        "run": {"steps": 400, "run_dir": "runs/tiny", "checkpoint_every": 100, "threads": 1},
         "task": {"name": "arithmetic", "difficulty": {"digits": 2, "ops": ["+"]}},
         "backend": {"model": "tiny", "proposer": "ngram", "num_speculative_tokens": 3},
         "rollout": {"max_tokens": 16, "prompts_per_step": 16},
         "grpo": {"group_size": 8},
-        "optim": {"lr": 1e-3, "micro_batch_size": 64},
+        "optim": {"lr": 2e-4, "micro_batch_size": 64},
     },
     "smollm2-135m": {
         "run": {"steps": 20, "run_dir": "runs/smollm2-135m", "checkpoint_every": 5},
