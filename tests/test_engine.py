@@ -156,3 +156,17 @@ def test_adaptive_controller_turns_off_a_useless_draft(target_dir, draft_dir):
     result = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
     # the random draft is almost never right at temperature 0: after exploring, K = 0 wins
     assert result.k_histogram.get(0, 0) > sum(v for k, v in result.k_histogram.items() if k > 0)
+
+
+def test_stop_string_cuts_the_text_and_ends_the_response():
+    from specrl.backends import BackendConfig, make_backend
+
+    backend = make_backend(BackendConfig(model="tiny", proposer="ngram"))
+    prompt = "Q:12+34\nA:"
+    plain = backend.generate([prompt], SamplingParams(temperature=0, max_tokens=12)).completions[0]
+    assert "+" in plain.text and len(plain.text) > plain.text.index("+") + 1
+    cut = backend.generate([prompt], SamplingParams(temperature=0, max_tokens=12, stop=("+",))).completions[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == plain.text[: plain.text.index("+")]
+    assert cut.token_ids == plain.token_ids[: len(cut.token_ids)]
+    assert backend.tokenizer.decode(cut.token_ids).endswith("+")
