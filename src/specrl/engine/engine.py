@@ -142,9 +142,10 @@ class RolloutEngine:
             self.proposer.start(tokens, num_tokens, params)
 
         rows = torch.arange(P * n)  # output slot of each live row
-        out_tokens: list[list[int]] = [[] for _ in range(P * n)]
-        out_logprobs: list[list[float]] = [[] for _ in range(P * n)]
-        finish: list[str | None] = [None] * (P * n)
+        prompt_len = num_tokens.clone()  # [B]
+        token_lp = torch.zeros(tokens.shape)  # [B, S] logprob of each generated token, aligned with `tokens`
+        stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        outputs: list[Completion | None] = [None] * (P * n)
         spec, k_hist, steps = SpecStats(), {}, 0
         hidden: dict[int, torch.Tensor] = {}
 
@@ -166,57 +167,69 @@ class RolloutEngine:
             emitted, num_emitted = verify(drafts, proposal.probs if k else None, probs, generator)
             cache.lens += num_emitted
             hidden = {l: h[torch.arange(B), num_emitted - 1] for l, h in hidden_all.items()}
-
             accepted = num_emitted - 1
             per_pos = [int((accepted > i).sum()) for i in range(k)]
             spec.record(B, k, per_pos)
             k_hist[k] = k_hist.get(k, 0) + 1
             steps += 1
 
+            # Append the emitted tokens in one scatter (slots past each row's count hold junk that
+            # is never read), then cut each row at its first stop token or at max_tokens.
             emitted_lp = logprobs.gather(-1, emitted.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, k+1]
-            keep = []
-            for b in range(B):
-                slot, m = int(rows[b]), int(num_emitted[b])
-                new = emitted[b, :m].tolist()
-                tokens[b, num_tokens[b]: num_tokens[b] + m] = emitted[b, :m]
-                num_tokens[b] += m
-                reason = self._append(out_tokens[slot], out_logprobs[slot], new, emitted_lp[b, :m].tolist(),
-                                      stop_ids, params)
-                if reason:
-                    finish[slot] = reason
-                else:
-                    keep.append(b)
+            slots = num_tokens.unsqueeze(1) + torch.arange(k + 1)  # [B, k+1]
+            tokens.scatter_(1, slots, emitted)
+            token_lp.scatter_(1, slots, emitted_lp)
+            keep_n, stopped = self._tokens_to_keep(emitted, num_emitted, num_tokens - prompt_len, stop_tensor, params)
+            if params.stop:
+                keep_n, stopped = self._apply_stop_strings(tokens, num_tokens, prompt_len, keep_n, stopped, params)
+            num_tokens += keep_n
+            done = stopped | (num_tokens - prompt_len >= params.max_tokens)
             self.controller.observe(B, k, time.perf_counter() - step_start, per_pos)
-            if len(keep) < B:
-                keep_t = torch.tensor(keep, dtype=torch.long)
+            if done.any():
+                for b in done.nonzero().flatten().tolist():
+                    slot = int(rows[b])
+                    span = slice(int(prompt_len[b]), int(num_tokens[b]))
+                    ids = tokens[b, span].tolist()
+                    outputs[slot] = Completion(
+                        prompt_index=slot // n, sample_index=slot % n, token_ids=ids,
+                        logprobs=token_lp[b, span].tolist(), versions=[self.version] * len(ids),
+                        finish_reason="stop" if stopped[b] else "length", text=self._text(ids, params))
+                keep_t = (~done).nonzero().flatten()
                 rows, tokens, num_tokens = rows[keep_t], tokens[keep_t], num_tokens[keep_t]
+                prompt_len, token_lp = prompt_len[keep_t], token_lp[keep_t]
                 cache.select_rows(keep_t)
                 hidden = {l: h[keep_t] for l, h in hidden.items()}
                 if self.proposer is not None:
                     self.proposer.select_rows(keep_t)
+        return GenerateResult(outputs, spec, time.perf_counter() - start, steps, k_hist)
 
-        completions = []
-        for slot in range(P * n):
-            completions.append(Completion(
-                prompt_index=slot // n, sample_index=slot % n, token_ids=out_tokens[slot],
-                logprobs=out_logprobs[slot], versions=[self.version] * len(out_tokens[slot]),
-                finish_reason=finish[slot], text=self._text(out_tokens[slot], params),
-            ))
-        return GenerateResult(completions, spec, time.perf_counter() - start, steps, k_hist)
+    @staticmethod
+    def _tokens_to_keep(emitted, num_emitted, generated, stop_tensor, params: SamplingParams):
+        """Per row: how many of this step's emitted tokens to keep, and whether a stop token ended it.
 
-    def _append(self, out: list[int], out_lp: list[float], new: list[int], new_lp: list[float],
-                stop_ids: set[int], params: SamplingParams) -> str | None:
-        """Append a step's tokens to one response; return a finish reason if it is done."""
-        for token, lp in zip(new, new_lp):
-            out.append(token)
-            out_lp.append(lp)
-            if token in stop_ids:
-                return "stop"
-            if params.stop and self._stop_string_at(out[-self._stop_window(params):], params) is not None:
-                return "stop"
-            if len(out) >= params.max_tokens:
-                return "length"
-        return None
+        Example: emitted [5, 2, 7, -1], num_emitted 3, stop id 2, room for 10 more tokens
+            -> keep 2 (the stop token is kept), stopped True.
+        """
+        width = emitted.shape[1]
+        position = torch.arange(width).unsqueeze(0)  # [1, k+1]
+        is_stop = torch.isin(emitted, stop_tensor) & (position < num_emitted.unsqueeze(1))
+        first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1), width)  # [B]
+        room = params.max_tokens - generated  # [B]
+        keep_n = torch.minimum(torch.minimum(num_emitted, first_stop + 1), room)
+        return keep_n, first_stop < keep_n
+
+    def _apply_stop_strings(self, tokens, num_tokens, prompt_len, keep_n, stopped, params: SamplingParams):
+        """Cut rows whose text now contains a stop string at the token that completed it."""
+        window = self._stop_window(params)
+        for b in range(tokens.shape[0]):
+            base = int(num_tokens[b])
+            for j in range(int(keep_n[b])):
+                end = base + j + 1
+                tail = tokens[b, max(int(prompt_len[b]), end - window): end].tolist()
+                if self._stop_string_at(tail, params) is not None:
+                    keep_n[b], stopped[b] = j + 1, True
+                    break
+        return keep_n, stopped
 
     @staticmethod
     def _stop_window(params: SamplingParams) -> int:
