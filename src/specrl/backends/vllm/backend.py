@@ -88,7 +88,8 @@ class VLLMBackend:
         return self.spec_config is not None
 
     def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
-        """Sample `params.n` responses per prompt; spec stats are this call's counter deltas."""
+        """Sample `params.n` responses per prompt. `spec` is this call's counter deltas; `steps` counts
+        vLLM engine steps (its prefill steps included), all run with the configured K."""
         start = time.perf_counter()
         encoded = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         for i, ids in enumerate(encoded):
@@ -100,9 +101,9 @@ class VLLMBackend:
                                     use_tqdm=False)
         delta = metrics.read_counters(self.llm, self.served_name, self.speculative).minus(before)
         k = self.spec_config["num_speculative_tokens"] if self.speculative else 0
-        return GenerateResult(completions=to_completions(outputs, self.version, self.tokenizer, params.stop), spec=delta.spec or SpecStats(),
-                              seconds=time.perf_counter() - start, steps=delta.steps,
-                              k_histogram={k: delta.steps} if delta.steps else {})
+        completions = to_completions(outputs, self.version, self.tokenizer, params.stop)
+        return GenerateResult(completions, spec=delta.spec or SpecStats(), seconds=time.perf_counter() - start,
+                              steps=delta.steps, k_histogram={k: delta.steps} if delta.steps else {})
 
     def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
                      draft: dict[str, torch.Tensor] | None = None) -> None:
