@@ -22,6 +22,7 @@ from specrl.engine.model import LlamaModel
 from specrl.engine.sampling import SamplingParams
 from specrl.spec.draft_model import DraftModelProposer
 from specrl.spec.ngram import NgramProposer
+from specrl.spec.suffix import SuffixProposer
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [7, 8], [9]]
 
@@ -31,6 +32,7 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
     chosen = {
         "none": lambda: None,
         "ngram": lambda: NgramProposer(),
+        "suffix": lambda: SuffixProposer(),
         "draft": lambda: DraftModelProposer(LlamaModel.from_pretrained(draft_dir), model.cfg.vocab_size),
     }[proposer]()
     return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive))
@@ -60,12 +62,12 @@ def test_greedy_engine_matches_transformers_generate(target_dir):
     assert result.completions[0].token_ids == out[0, len(PROMPTS[0]):].tolist()
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "draft", "self"])
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft", "self"])
 def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, proposer):
     params = SamplingParams(temperature=0, max_tokens=24, n=2)
     base = make_engine(target_dir).generate(PROMPTS, params)
     spec_draft = target_dir if proposer == "self" else draft_dir
-    spec = make_engine(target_dir, "ngram" if proposer == "ngram" else "draft", spec_draft).generate(PROMPTS, params)
+    spec = make_engine(target_dir, "draft" if proposer == "self" else proposer, spec_draft).generate(PROMPTS, params)
     for a, b in zip(base.completions, spec.completions):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
@@ -89,7 +91,7 @@ def exact_two_token_distribution(target_dir, prompt: list[int], temperature: flo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+@pytest.mark.parametrize("proposer", ["draft", "ngram", "suffix"])
 def test_speculative_samples_follow_the_exact_target_distribution(target_dir, draft_dir, proposer):
     """Chi-square of 6000 two-token samples against the exact joint; false failure odds 1e-4."""
     prompt, n = [3, 1, 3, 1, 3], 6000

@@ -15,11 +15,11 @@ class BackendConfig:
     """Which engine runs rollouts, on which checkpoint, with which speculation."""
 
     BACKENDS: ClassVar[tuple[str, ...]] = ("embedded", "vllm")
-    PROPOSERS: ClassVar[tuple[str, ...]] = ("none", "ngram", "draft")
+    PROPOSERS: ClassVar[tuple[str, ...]] = ("none", "ngram", "suffix", "draft")
 
     backend: str = "embedded"  # embedded | vllm
     model: str = "tiny"  # a registered model name (tiny, smollm2-135m) or a checkpoint directory
-    proposer: str = "none"  # none | ngram | draft
+    proposer: str = "none"  # none | ngram (prompt lookup) | suffix (sibling rollouts) | draft (a draft model)
     draft: str | None = None  # draft checkpoint for proposer=draft; None = the model's registered draft
     num_speculative_tokens: int = 3  # K, the most drafts verified per step
     adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost

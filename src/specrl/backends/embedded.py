@@ -11,6 +11,7 @@ from specrl.engine.sampling import SamplingParams
 from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
 from specrl.spec.draft_model import DraftModelProposer
 from specrl.spec.ngram import NgramConfig, NgramProposer
+from specrl.spec.suffix import SuffixProposer
 
 
 def load_tokenizer(checkpoint_dir):
@@ -40,6 +41,8 @@ class EmbeddedBackend:
             return None
         if config.proposer == "ngram":
             return NgramProposer(NgramConfig(max_n=config.ngram_max_n))
+        if config.proposer == "suffix":
+            return SuffixProposer()
         draft_name = config.draft or DRAFT_FOR.get(config.model)
         if draft_name is None:
             raise ValueError(f"proposer=draft needs a draft checkpoint for model {config.model!r}: set draft=PATH")

@@ -28,7 +28,8 @@ class RolloutBenchConfig:
     proposer: str = "draft"  # the speculative variant: ngram | draft
     draft: str | None = None  # draft checkpoint; None = the model's registered draft
     backend: str = "embedded"
-    batch: int = 4  # prompts per call (each sampled once)
+    batch: int = 4  # rows per call: prompts x n
+    n: int = 1  # samples per prompt (a GRPO group; the suffix proposer drafts from siblings)
     k: int = 3  # num_speculative_tokens
     adaptive: bool = True  # let the engine choose K per step (0 = off)
     max_tokens: int = 128
@@ -40,6 +41,8 @@ class RolloutBenchConfig:
     def __post_init__(self):
         if self.batch < 1 or self.rounds < 1 or self.max_tokens < 1:
             raise ValueError(f"batch, rounds and max_tokens must be >= 1, got {self.batch}, {self.rounds}, {self.max_tokens}")
+        if self.batch % self.n:
+            raise ValueError(f"batch {self.batch} must be a multiple of n {self.n} (batch = prompts x n)")
         if self.proposer == "none":
             raise ValueError("proposer must name the speculative variant (ngram or draft); 'none' is always the baseline")
 
@@ -95,24 +98,26 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     base = make_backend(BackendConfig(proposer="none", **common))
     spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common))
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
-    prompts = bench_prompts(config.model, base.tokenizer, config.batch, config.seed)
+    prompts = bench_prompts(config.model, base.tokenizer, config.batch // config.n, config.seed)
 
-    greedy = SamplingParams(temperature=0, max_tokens=config.max_tokens)
+    greedy = SamplingParams(n=config.n, temperature=0, max_tokens=config.max_tokens)
     greedy_base, greedy_spec = base.generate(prompts, greedy), spec.generate(prompts, greedy)
     greedy_match = all(a.token_ids == b.token_ids for a, b in zip(greedy_base.completions, greedy_spec.completions))
 
-    warm = SamplingParams(temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed)
+    warm = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
+                          seed=config.seed)
     spec.generate(prompts, warm)  # lets the adaptive controller explore before timing
     rates = {"base": [], "spec": [], "hf": []}
     runs = {"base": [], "spec": []}
     for r in range(config.rounds):
-        params = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=config.seed + 1 + r)
+        params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
+                                seed=config.seed + 1 + r)
         for name, backend in (("base", base), ("spec", spec)):
             result = backend.generate(prompts, params)
             runs[name].append(result)
             rates[name].append(result.num_tokens / result.seconds)
         if hf is not None:
-            rates["hf"].append(hf.tokens_per_second(prompts, params))
+            rates["hf"].append(hf.tokens_per_second([p for p in prompts for _ in range(config.n)], params))
         if progress is not None:
             progress(r + 1, config.rounds)
 
@@ -126,6 +131,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
+        "n": config.n,
         "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
         "rounds": config.rounds, "threads": torch.get_num_threads(),
         "tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,

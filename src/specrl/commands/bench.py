@@ -15,10 +15,11 @@ def register(subparsers) -> None:
                                      "and reports median tokens/s, acceptance and exactness checks.")
     d = RolloutBenchConfig()
     p.add_argument("--model", default=d.model, help="tiny | smollm2-135m | checkpoint dir (default: %(default)s)")
-    p.add_argument("--proposer", default=d.proposer, choices=["ngram", "draft"], help="speculative variant")
+    p.add_argument("--proposer", default=d.proposer, choices=["ngram", "suffix", "draft"], help="speculative variant")
     p.add_argument("--draft", default=d.draft, help="draft checkpoint (default: the model's registered draft)")
     p.add_argument("--backend", default=d.backend, choices=["embedded", "vllm"])
-    p.add_argument("--batch", type=int, default=d.batch, help="prompts per call (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=d.batch, help="rows per call = prompts x n (default: %(default)s)")
+    p.add_argument("--n", type=int, default=d.n, help="samples per prompt, a GRPO group (default: %(default)s)")
     p.add_argument("--k", type=int, default=d.k, help="num_speculative_tokens, the most drafts per step")
     p.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
 def run(args) -> dict:
     set_threads(args.threads)
     config = RolloutBenchConfig(
-        model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch,
+        model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
         k=args.k, adaptive=not args.fixed_k, max_tokens=args.max_tokens, temperature=args.temperature,
         rounds=args.rounds, hf=not args.no_hf, seed=args.seed,
     )

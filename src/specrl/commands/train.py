@@ -17,7 +17,7 @@ def register(subparsers) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named starting config")
     p.add_argument("--config", default=None, help="JSON file of config values")
-    p.add_argument("--proposer", choices=["none", "ngram", "draft"], default=None,
+    p.add_argument("--proposer", choices=["none", "ngram", "suffix", "draft"], default=None,
                    help="shorthand for backend.proposer=...")
     p.add_argument("--backend", choices=["embedded", "vllm"], default=None, help="shorthand for backend.backend=...")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,

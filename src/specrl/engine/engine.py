@@ -155,7 +155,8 @@ class RolloutEngine:
             k = self.controller.choose(B)
             last = tokens[torch.arange(B), num_tokens - 1].unsqueeze(1)  # [B, 1]
             if k:
-                ctx = ProposalContext(tokens, num_tokens, params, generator, self.model.cfg.vocab_size, hidden)
+                ctx = ProposalContext(tokens, num_tokens, params, generator, self.model.cfg.vocab_size,
+                                      groups=rows // n, target_hidden=hidden)
                 proposal = self.proposer.propose(ctx, k)
                 feed = torch.cat([last, proposal.tokens], dim=1)  # [B, k+1]
             else:

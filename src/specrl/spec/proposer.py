@@ -34,6 +34,7 @@ class ProposalContext:
     params: SamplingParams
     generator: torch.Generator | None
     vocab_size: int  # the target's vocabulary size V
+    groups: torch.Tensor  # [B] long: the prompt each live row samples (rows of a GRPO group share it)
     # residual stream of the target at the last verified token, per requested layer: {layer: [B, H]}
     target_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
