@@ -2,27 +2,31 @@
 
 The choice maximises expected tokens per second:
 
-    rate(k) = tau(k) / T_step(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted)
+    rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted)
 
-T_step(B, k) is the measured wall time of a whole step (draft + verify + sampling +
-bookkeeping) for a live batch of size about B, kept as an exponential moving average
-per (batch bucket, k). P(first i+1 accepted) is the measured per-position acceptance,
-also a moving average. Each (bucket, k) cell is tried once before it is trusted, so
-the controller explores on real work and never pays for synthetic calibration.
-Because k = 0 is always a candidate, speculation is switched off wherever it does
-not pay: a draft that is slow or rarely accepted cannot make a rollout slower than
-plain decoding, beyond the one exploratory step per cell.
+T(B, k), the wall time of a whole step (draft + verify + sampling + bookkeeping) with k
+drafts over B live rows, is a linear model fitted to every step run so far:
+
+    T(B, k) = a + b * B * (k + 1)   +   k * (c + d * B)
+              verify B*(k+1) tokens       k draft passes over B rows
+
+by least squares with exponential forgetting (recent steps weigh more). A rollout
+drains through many batch sizes, so steps at one size inform the others.
+P(first i+1 accepted) is the measured per-position acceptance, a moving average.
+
+Exploration: a k is run while fewer than `min_samples` steps with that k have seen a
+batch in the current one's power-of-two range, so each k is measured across the drain,
+a few steps per range, and one noisy step cannot decide for good. Because
+k = 0 is always a candidate, speculation is switched off wherever it does not pay: a
+slow or rarely accepted draft cannot make a rollout slower than plain decoding, beyond
+those exploratory steps.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
-
-def batch_bucket(batch: int) -> int:
-    """Exact below 8, then powers of two: step time varies smoothly with batch there."""
-    if batch <= 8:
-        return batch
-    return 1 << (batch - 1).bit_length()
+import numpy as np
 
 
 def expected_tokens(k: int, accept_prefix: list[float]) -> float:
@@ -34,32 +38,60 @@ def expected_tokens(k: int, accept_prefix: list[float]) -> float:
     return 1.0 + sum(accept_prefix[:k])
 
 
+def step_features(batch: int, k: int) -> np.ndarray:
+    return np.array([1.0, batch * (k + 1), k, k * batch])
+
+
+class StepTimeModel:
+    """Least squares fit of T(B, k) on `step_features`, forgetting old steps by `decay`."""
+
+    def __init__(self, decay: float = 0.98, ridge: float = 1e-9):
+        self.decay, self.ridge = decay, ridge
+        self.xtx = np.zeros((4, 4))
+        self.xty = np.zeros(4)
+
+    def add(self, batch: int, k: int, seconds: float) -> None:
+        x = step_features(batch, k)
+        self.xtx = self.decay * self.xtx + np.outer(x, x)
+        self.xty = self.decay * self.xty + x * seconds
+
+    def predict(self, batch: int, k: int) -> float:
+        scale = np.trace(self.xtx) or 1.0
+        theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(4), self.xty)
+        return max(float(step_features(batch, k) @ theta), 1e-9)
+
+
 @dataclass
 class SpeculationController:
     max_k: int  # largest K tried
     adaptive: bool = True  # False: always max_k
-    smoothing: float = 0.2  # weight of the newest observation in the moving averages
+    smoothing: float = 0.1  # weight of the newest step in the acceptance moving averages
     prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
+    min_samples: int = 3  # steps per k, near the current batch size, before the model is trusted
 
     def __post_init__(self):
         if self.max_k < 0:
             raise ValueError(f"num_speculative_tokens (K) must be >= 0, got {self.max_k}")
-        self.step_time: dict[tuple[int, int], float] = {}
+        self.times = StepTimeModel()
+        self.samples = [Counter() for _ in range(self.max_k + 1)]  # per k: steps per batch range
         self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
+
+    def _unexplored(self, k: int, batch: int) -> bool:
+        return self.samples[k][batch.bit_length()] < self.min_samples
 
     def choose(self, batch: int) -> int:
         if not self.adaptive or self.max_k == 0:
             return self.max_k
-        bucket = batch_bucket(batch)
-        untried = [k for k in range(self.max_k, -1, -1) if (bucket, k) not in self.step_time]
-        if untried:
-            return untried[0]
+        for k in range(self.max_k, -1, -1):
+            if self._unexplored(k, batch):
+                return k
         return max(range(self.max_k + 1),
-                   key=lambda k: expected_tokens(k, self.accept_prefix) / self.step_time[(bucket, k)])
+                   key=lambda k: expected_tokens(k, self.accept_prefix) / self.times.predict(batch, k))
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int]) -> None:
         """Record one step: its wall time and, per draft position, how many rows accepted it."""
-        key, w = (batch_bucket(batch), k), self.smoothing
-        self.step_time[key] = seconds if key not in self.step_time else (1 - w) * self.step_time[key] + w * seconds
+        self.times.add(batch, k, seconds)
+        self.samples[k][batch.bit_length()] += 1
+        w = self.smoothing
         for i, count in enumerate(accepted_per_pos):
             self.accept_prefix[i] = (1 - w) * self.accept_prefix[i] + w * count / batch

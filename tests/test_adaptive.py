@@ -1,0 +1,48 @@
+"""The adaptive-K controller on synthetic step times."""
+from specrl.engine.adaptive import SpeculationController, StepTimeModel, expected_tokens
+
+
+def run_controller(step_seconds, acceptance: float, batches: list[int], max_k: int = 3) -> list[int]:
+    """Drive a controller with a synthetic cost model; returns the K it chose per step."""
+    controller = SpeculationController(max_k=max_k)
+    chosen = []
+    for batch in batches:
+        k = controller.choose(batch)
+        chosen.append(k)
+        accepted = [round(batch * acceptance ** (i + 1)) for i in range(k)]
+        controller.observe(batch, k, step_seconds(batch, k), accepted)
+    return chosen
+
+
+def test_expected_tokens_matches_the_iid_closed_form():
+    a = 0.6
+    assert abs(expected_tokens(3, [a, a**2, a**3]) - (1 - a**4) / (1 - a)) < 1e-12
+
+
+def test_step_time_model_predicts_unseen_batch_sizes_and_k():
+    model = StepTimeModel()
+    cost = lambda b, k: 0.01 + 0.002 * b * (k + 1) + k * (0.003 + 0.0001 * b)  # noqa: E731
+    for batch, k in [(64, 0), (48, 0), (32, 3), (16, 0), (64, 2), (8, 1), (20, 3)]:
+        model.add(batch, k, cost(batch, k))
+    assert abs(model.predict(4, 3) - cost(4, 3)) < 1e-6
+    assert abs(model.predict(100, 1) - cost(100, 1)) < 1e-6
+
+
+def test_memory_bound_verification_with_good_drafts_uses_the_largest_k():
+    # verifying k+1 tokens costs about one token's time; drafts are cheap and often right
+    chosen = run_controller(lambda b, k: 0.05 + 0.002 * k, acceptance=0.8, batches=[4] * 30)
+    assert chosen[-10:] == [3] * 10
+
+
+def test_compute_bound_verification_switches_speculation_off():
+    # every verified token costs as much as a decoded one: speculation cannot pay at 50% acceptance
+    chosen = run_controller(lambda b, k: 0.001 * b * (k + 1), acceptance=0.5, batches=list(range(63, 31, -1)))
+    # one power-of-two range: the only speculative steps are the exploratory ones, 3 per k
+    assert sum(k > 0 for k in chosen) == 9 and set(chosen[12:]) == {0}
+
+
+def test_draining_batch_turns_speculation_on_once_it_pays():
+    # per-token cost grows with the batch: speculation pays only at small batches
+    cost = lambda b, k: 0.02 + 0.0005 * b * (k + 1)  # noqa: E731
+    chosen = run_controller(cost, acceptance=0.7, batches=list(range(128, 0, -1)))
+    assert chosen[10] == 0 and chosen[-1] == 3
