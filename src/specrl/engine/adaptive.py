@@ -14,9 +14,10 @@ by least squares with exponential forgetting (recent steps weigh more). A rollou
 drains through many batch sizes, so steps at one size inform the others.
 P(first i+1 accepted) is the measured per-position acceptance, a moving average.
 
-Exploration: a k is run while fewer than `min_samples` steps with that k have seen a
-batch in the current one's power-of-two range, so each k is measured across the drain,
-a few steps per range, and one noisy step cannot decide for good. Because
+Exploration: k = max_k and k = 0 are run while fewer than `min_samples` steps with
+that k have seen a batch in the current one's power-of-two range; the model is linear
+in k, so the extremes pin down the k in between. Each range of the drain is measured
+in a few steps, and one noisy step cannot decide for good. Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay: a
 slow or rarely accepted draft cannot make a rollout slower than plain decoding, beyond
 those exploratory steps.
@@ -67,7 +68,7 @@ class SpeculationController:
     adaptive: bool = True  # False: always max_k
     smoothing: float = 0.1  # weight of the newest step in the acceptance moving averages
     prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
-    min_samples: int = 3  # steps per k, near the current batch size, before the model is trusted
+    min_samples: int = 2  # steps with k = 0 and k = max_k per batch range before the model is trusted
 
     def __post_init__(self):
         if self.max_k < 0:
@@ -82,7 +83,7 @@ class SpeculationController:
     def choose(self, batch: int) -> int:
         if not self.adaptive or self.max_k == 0:
             return self.max_k
-        for k in range(self.max_k, -1, -1):
+        for k in (self.max_k, 0):
             if self._unexplored(k, batch):
                 return k
         return max(range(self.max_k + 1),
