@@ -20,6 +20,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# No model hub is reachable (or needed): every checkpoint is local.
+export HF_HUB_OFFLINE := 1
+
 demo: $(STAMP)
 	$(BIN)/specrl demo
 
