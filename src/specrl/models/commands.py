@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--sample-batch", type=int, default=t.sample_batch, help=f"prompts per generate call (default {t.sample_batch})")
     q.add_argument("--max-new-tokens", type=int, default=t.max_new_tokens, help=f"response cap when sampling (default {t.max_new_tokens})")
     q.add_argument("--max-batches", type=int, default=t.max_batches, help=f"at most this many sample batches (default {t.max_batches})")
-    q.add_argument("--epochs", type=int, default=t.epochs, help=f"passes over the samples (default {t.epochs})")
+    q.add_argument("--steps", type=int, default=t.steps, help=f"distillation optimiser steps (default {t.steps})")
     q.add_argument("--seed", type=int, default=t.seed, help=f"random seed (default {t.seed})")
     q.add_argument("--threads", type=int, default=t.threads, help=f"torch CPU threads (default {t.threads})")
     q.set_defaults(func=run_train_draft)
@@ -79,7 +79,7 @@ def run_train_draft(args: argparse.Namespace) -> dict:
     config = TrainDraftConfig(
         layers=args.layers, draft_vocab=args.draft_vocab, sample_seconds=args.sample_seconds,
         train_seconds=args.train_seconds, sample_batch=args.sample_batch, max_new_tokens=args.max_new_tokens,
-        max_batches=args.max_batches, epochs=args.epochs, seed=args.seed, threads=args.threads,
+        max_batches=args.max_batches, steps=args.steps, seed=args.seed, threads=args.threads,
     )
     if args.out is not None:
         out = args.out
