@@ -38,7 +38,7 @@ def test_compute_bound_verification_switches_speculation_off():
     # every verified token costs as much as a decoded one: speculation cannot pay at 50% acceptance
     chosen = run_controller(lambda b, k: 0.001 * b * (k + 1), acceptance=0.5, batches=list(range(63, 31, -1)))
     # one power-of-two range: the only speculative steps are the 2 exploratory ones with k = 3
-    assert chosen[:4] == [3, 3, 0, 0] and set(chosen[4:]) == {0}
+    assert chosen[:4] == [3, 3, 0, 0] and set(chosen[4:36]) == {0}
 
 
 def test_draining_batch_turns_speculation_on_once_it_pays():
@@ -46,3 +46,18 @@ def test_draining_batch_turns_speculation_on_once_it_pays():
     cost = lambda b, k: 0.02 + 0.0005 * b * (k + 1)  # noqa: E731
     chosen = run_controller(cost, acceptance=0.7, batches=list(range(128, 0, -1)))
     assert chosen[10] == 0 and chosen[-1] == 3
+
+
+def test_a_draft_that_gets_better_is_noticed_while_speculation_is_off():
+    controller = SpeculationController(max_k=3)
+    cost = lambda b, k: 0.02 + 0.0005 * b * (k + 1)  # noqa: E731
+    acceptance = 0.0  # useless at first ...
+    chosen = []
+    for step in range(200):
+        if step == 60:
+            acceptance = 0.95  # ... then excellent (e.g. adapted online)
+        k = controller.choose(8)
+        chosen.append(k)
+        controller.observe(8, k, cost(8, k), [round(8 * acceptance ** (i + 1)) for i in range(k)])
+    assert set(chosen[20:60]) <= {0, 3} and chosen[20:60].count(3) <= 2  # one refresh per 32 steps off
+    assert chosen[-20:] == [3] * 20

@@ -17,7 +17,10 @@ P(first i+1 accepted) is the measured per-position acceptance, a moving average.
 Exploration: k = max_k and k = 0 are run while fewer than `min_samples` steps with
 that k have seen a batch in the current one's power-of-two range; the model is linear
 in k, so the extremes pin down the k in between. Each range of the drain is measured
-in a few steps, and one noisy step cannot decide for good. Because
+in a few steps, and one noisy step cannot decide for good. While speculation is off the
+acceptance estimate cannot move, so every `refresh_every`-th step in a row with k = 0
+runs k = max_k once: a draft that got better (or siblings that now agree) is noticed,
+at a worst-case cost of one step in `refresh_every`. Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay: a
 slow or rarely accepted draft cannot make a rollout slower than plain decoding, beyond
 those exploratory steps.
@@ -69,6 +72,7 @@ class SpeculationController:
     smoothing: float = 0.1  # weight of the newest step in the acceptance moving averages
     prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
     min_samples: int = 2  # steps with k = 0 and k = max_k per batch range before the model is trusted
+    refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
 
     def __post_init__(self):
         if self.max_k < 0:
@@ -76,6 +80,7 @@ class SpeculationController:
         self.times = StepTimeModel()
         self.samples = [Counter() for _ in range(self.max_k + 1)]  # per k: steps per batch range
         self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
+        self.off_streak = 0  # consecutive steps run with k = 0
 
     def _unexplored(self, k: int, batch: int) -> bool:
         return self.samples[k][batch.bit_length()] < self.min_samples
@@ -86,12 +91,15 @@ class SpeculationController:
         for k in (self.max_k, 0):
             if self._unexplored(k, batch):
                 return k
+        if self.off_streak >= self.refresh_every:
+            return self.max_k
         return max(range(self.max_k + 1),
                    key=lambda k: expected_tokens(k, self.accept_prefix) / self.times.predict(batch, k))
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int]) -> None:
         """Record one step: its wall time and, per draft position, how many rows accepted it."""
         self.times.add(batch, k, seconds)
+        self.off_streak = self.off_streak + 1 if k == 0 else 0
         self.samples[k][batch.bit_length()] += 1
         w = self.smoothing
         for i, count in enumerate(accepted_per_pos):
