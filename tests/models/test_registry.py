@@ -54,7 +54,7 @@ def test_pickle_weights_are_refused_by_name(tmp_path):
     path = _checkpoint(tmp_path / "m")
     (path / "model.safetensors").unlink()
     (path / "pytorch_model.bin").write_bytes(b"\x80\x04")
-    with pytest.raises(FileNotFoundError, match="pickle-based weights are never loaded"):
+    with pytest.raises(FileNotFoundError, match="pytorch_model.bin: pickle checkpoints are refused"):
         resolve_checkpoint(str(path))
 
 

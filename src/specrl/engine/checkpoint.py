@@ -104,16 +104,34 @@ def load_config(checkpoint_dir: Path) -> ModelConfig:
     return parse_config(raw, path)
 
 
-def load_state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint's *.safetensors files, as fp32 (ints stay ints)."""
+def weight_files(checkpoint_dir: Path) -> list[Path]:
+    """The checkpoint's safetensors files: model.safetensors, or the shards its index names.
+
+    Pickle-based weights (*.bin, *.pt) are never loaded; finding only those is an error.
+    """
     checkpoint_dir = Path(checkpoint_dir)
-    files = sorted(checkpoint_dir.glob("*.safetensors"))
-    if not files:
-        pickles = [p.name for p in checkpoint_dir.glob("*.bin")] + [p.name for p in checkpoint_dir.glob("*.pt")]
-        hint = f" (found {pickles}: pickle checkpoints are refused, convert them to safetensors)" if pickles else ""
-        raise FileNotFoundError(f"{checkpoint_dir}: no *.safetensors weights{hint}")
+    single, index = checkpoint_dir / "model.safetensors", checkpoint_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as err:
+            raise ValueError(f"{index}: unreadable shard index ({err!r})") from None
+        missing = [s for s in shards if not (checkpoint_dir / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{checkpoint_dir}: weight shards missing: {', '.join(missing)}")
+        return [checkpoint_dir / s for s in shards]
+    pickles = sorted(p.name for p in checkpoint_dir.glob("*.bin")) + sorted(p.name for p in checkpoint_dir.glob("*.pt*"))
+    hint = f" (found {', '.join(pickles)}: pickle checkpoints are refused, convert them to safetensors)" if pickles else ""
+    raise FileNotFoundError(f"{checkpoint_dir}: no model.safetensors weights{hint}")
+
+
+def load_state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint's safetensors files, as fp32 (ints stay ints)."""
+    checkpoint_dir = Path(checkpoint_dir)
     state: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in weight_files(checkpoint_dir):
         try:
             tensors = load_file(str(file))
         except (SafetensorError, OSError, RuntimeError) as err:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from specrl.engine.checkpoint import weight_files
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN = ("tiny", "tiny-draft", "smollm2-135m", "smollm2-135m-draft")
 DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
@@ -84,21 +86,10 @@ def check_checkpoint(path: Path, remedy: str | None = None) -> Path:
 
 
 def _weight_files(path: Path, hint: str) -> list[Path]:
-    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if single.is_file():
-        return [single]
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError) as err:
-            raise ValueError(f"checkpoint {path}: model.safetensors.index.json is unreadable ({err!r}){hint}") from None
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            raise FileNotFoundError(f"checkpoint {path}: weight shards missing: {', '.join(missing)}{hint}")
-        return [path / s for s in shards]
-    found = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
-    extra = f" (found {', '.join(found)}: pickle-based weights are never loaded; convert them to safetensors)" if found else ""
-    raise FileNotFoundError(f"checkpoint {path} has no model.safetensors{extra}{hint}")
+    try:
+        return weight_files(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"checkpoint {err}{hint}") from None
 
 
 def _check_safetensors(file: Path, hint: str) -> None:
