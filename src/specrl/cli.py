@@ -30,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:  # the part is not built yet; everything else stays usable
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
