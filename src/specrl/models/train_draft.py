@@ -63,12 +63,12 @@ class TrainDraftConfig:
     draft_vocab: int = 8192
     sample_batch: int = 64
     max_new_tokens: int = 96
-    sample_seconds: float = 270.0
+    sample_seconds: float = 330.0
     max_batches: int = 12
     held_out_prompts: int = 12
     top_k: int = 128
-    steps: int = 240
-    train_seconds: float = 200.0
+    steps: int = 200
+    train_seconds: float = 150.0
     lr: float = 1e-3
     micro_batch: int = 8
     seed: int = 0
