@@ -122,3 +122,21 @@ def test_bad_config_value_is_named():
 def test_resume_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint to resume from"):
         SyncTrainer(small_config(tmp_path), resume=True)
+
+
+def test_online_adaptation_of_a_reduced_vocabulary_draft_is_refused_by_name(tmp_path):
+    from specrl.engine.checkpoint import load_state_dict
+    from specrl.rl.draft_adaptation import DraftAdaptConfig, DraftTrainer
+    import shutil
+    from safetensors.torch import save_file
+
+    draft = tmp_path / "reduced"
+    shutil.copytree(resolve_checkpoint("tiny-draft"), draft)
+    config = json.loads((draft / "config.json").read_text())
+    config["draft_vocab_size"] = 8
+    (draft / "config.json").write_text(json.dumps(config))
+    state = load_state_dict(draft)
+    state["d2t"] = torch.arange(8)
+    save_file(state, str(draft / "model.safetensors"))
+    with pytest.raises(ValueError, match="reduced-vocabulary drafts is not supported; set draft.enabled=false"):
+        DraftTrainer(draft, DraftAdaptConfig(), temperature=1.0)

@@ -34,7 +34,7 @@ from specrl.telemetry.timers import StageTimer
 def _checkpoints_to_load(config: TrainConfig, resume_from: Path | None) -> tuple[str, str | None]:
     """(policy dir, draft dir or None) to start from: the registered models or the checkpoint's."""
     wants_draft = config.backend.proposer == "draft"
-    draft = config.backend.draft or DRAFT_FOR.get(config.backend.model) if wants_draft else None
+    draft = (config.backend.draft or DRAFT_FOR.get(config.backend.model)) if wants_draft else None
     if resume_from is None:
         return str(resolve_checkpoint(config.backend.model)), str(resolve_checkpoint(draft)) if draft else None
     saved_draft = resume_from / "draft"

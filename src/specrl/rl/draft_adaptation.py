@@ -15,10 +15,12 @@ same version. The draft never changes what is sampled, only how fast.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from specrl.engine.checkpoint import load_config
 from specrl.models.sequences import TrainBatch
 from specrl.rl.trainer import sync_state_dict
 
@@ -55,10 +57,10 @@ def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor, 
 
 class DraftTrainer:
     def __init__(self, checkpoint_dir, config: DraftAdaptConfig, temperature: float):
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
-        if getattr(self.model.config, "draft_vocab_size", None):
+        if load_config(Path(checkpoint_dir)).draft_vocab_size:
             raise ValueError(f"{checkpoint_dir}: online adaptation of reduced-vocabulary drafts is not supported; "
                              "set draft.enabled=false or use a full-vocabulary draft")
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
         self.model.train()
         self.config, self.temperature = config, temperature
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
