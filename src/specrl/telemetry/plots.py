@@ -21,12 +21,19 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r["reward_mean"] for r in records], marker=".", label="reward mean")
+    rewards = [r["reward_mean"] for r in records]
+    ax.plot(steps, rewards, marker=".", alpha=0.35, label="per step")
+    window = max(1, len(rewards) // 20)
+    smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
+              for i in range(len(rewards))]
+    ax.plot(steps, smooth, linewidth=2, label=f"mean of last {window} steps")
     ax.set_xlabel("step"), ax.set_ylabel("reward"), ax.set_title("reward"), ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     written.append(_save(fig, out_dir / "reward.png"))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    left.plot(steps, [r["spec"]["acceptance_length"] for r in records], marker=".")
+    drafted = [r for r in records if r["spec"]["num_drafts"]]  # steps where K = 0 throughout draw nothing
+    left.plot([r["step"] for r in drafted], [r["spec"]["acceptance_length"] for r in drafted], marker=".", ls="")
     left.set_xlabel("step"), left.set_ylabel("tokens per verify step"), left.set_title("acceptance length")
     left.grid(alpha=0.3)
     width = max(len(r["spec"]["num_accepted_tokens_per_pos"]) for r in records)
