@@ -140,3 +140,10 @@ def test_online_adaptation_of_a_reduced_vocabulary_draft_is_refused_by_name(tmp_
     save_file(state, str(draft / "model.safetensors"))
     with pytest.raises(ValueError, match="reduced-vocabulary drafts is not supported; set draft.enabled=false"):
         DraftTrainer(draft, DraftAdaptConfig(), temperature=1.0)
+
+
+def test_a_fresh_run_refuses_to_drop_an_earlier_runs_checkpoints(tmp_path):
+    SyncTrainer(small_config(tmp_path, "run.steps=1")).run()
+    with pytest.raises(ValueError, match="already holds a run's checkpoints: continue it with --resume"):
+        SyncTrainer(small_config(tmp_path, "run.steps=1"))
+    SyncTrainer(small_config(tmp_path, "run.steps=1", "run.overwrite=true")).run()

@@ -22,8 +22,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> dict:
-    train_args = argparse.Namespace(overrides=args.overrides, preset="tiny", config=None, proposer=None,
-                                    backend=None, resume=None)
+    # the demo is meant to be re-run: it replaces its own previous run in runs/tiny
+    train_args = argparse.Namespace(overrides=["run.overwrite=true", *args.overrides], preset="tiny",
+                                    config=None, proposer=None, backend=None, resume=None)
     summary = train.run(train_args)
     for path in plot_run(summary["run_dir"]):
         console.print(f"wrote {path}")

@@ -54,6 +54,7 @@ class RunSpec:
     checkpoint_every: int = 10  # steps between checkpoints (and always at the end); 0 = only at the end
     threads: int | None = None  # torch CPU threads; None = all cores
     tensorboard: bool = True
+    overwrite: bool = False  # a fresh run may replace an earlier run's checkpoints and metrics in run_dir
 
     def __post_init__(self):
         if self.steps < 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -73,13 +74,22 @@ class SyncTrainer:
                                       draft=self.draft.state_dict() if self.draft else None)
             truncate_metrics(self.run_dir, self.start_step)
         else:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            self._claim_run_dir()
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
         self.sink = MetricsSink(self.run_dir, tensorboard=config.run.tensorboard)
         self.timer = StageTimer()
         self.spec_total = SpecStats()
         self.history: list[dict] = []
+
+    def _claim_run_dir(self) -> None:
+        """Start a fresh run folder; an earlier run's checkpoints are never dropped silently."""
+        if latest_checkpoint(self.run_dir) is not None:
+            if not self.config.run.overwrite:
+                raise ValueError(f"{self.run_dir} already holds a run's checkpoints: continue it with --resume "
+                                 f"{self.run_dir}, pick another run.run_dir, or set run.overwrite=true to replace it")
+            shutil.rmtree(self.run_dir / "checkpoints")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     def step(self, step: int) -> dict:
         cfg, timer = self.config, self.timer
