@@ -1,4 +1,6 @@
 """Rollout backends behind one protocol: `embedded` (default, PyTorch) and `vllm` (the scale path)."""
+import os
+
 from specrl.backends.base import Backend, BackendConfig
 
 
@@ -9,6 +11,8 @@ def make_backend(config: BackendConfig, vllm_options=None) -> Backend:
 
         return EmbeddedBackend(config)
     if config.backend == "vllm":
+        # vLLM logs to stdout by default; specrl keeps stdout for its one closing JSON line
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         try:
             from vllm import LLM  # noqa: F401  (not find_spec: a tests/vllm folder on sys.path looks like a package)
         except ImportError as err:
