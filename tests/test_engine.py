@@ -16,6 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from conftest import save_random_checkpoint
+from specrl.engine.adaptive import SpeculationController
 from specrl.engine.checkpoint import load_state_dict
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
@@ -153,11 +154,25 @@ def test_weight_sync_changes_outputs_and_stamps_the_version(target_dir):
     assert after.logprobs != before.logprobs
 
 
-def test_adaptive_controller_turns_off_a_useless_draft(target_dir, draft_dir):
+def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, draft_dir):
+    """The controller's choice (tested on synthetic costs in test_adaptive.py) drives each step;
+    whatever K it picks, step by step, the greedy output is unchanged."""
+    schedule = iter([3, 0, 2, 0, 1] * 40)
+
+    class Scripted(SpeculationController):
+        def choose(self, batch: int) -> int:
+            return next(schedule)
+
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    base = make_engine(target_dir).generate(PROMPTS, params)
     engine = make_engine(target_dir, "draft", draft_dir, k=3, adaptive=True)
-    result = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
-    # the random draft is almost never right at temperature 0: after exploring, K = 0 wins
-    assert result.k_histogram.get(0, 0) > sum(v for k, v in result.k_histogram.items() if k > 0)
+    engine.controller = Scripted(max_k=3)
+    result = engine.generate(PROMPTS, params)
+    assert [c.token_ids for c in result.completions] == [c.token_ids for c in base.completions]
+    assert set(result.k_histogram) == {0, 1, 2, 3}
+    assert sum(result.k_histogram.values()) == result.steps
+    spec_steps = sum(v for k, v in result.k_histogram.items() if k)
+    assert 0 < result.spec.num_drafts <= 3 * spec_steps  # at most 3 live rows per speculative step
 
 
 def test_stop_string_cuts_the_text_and_ends_the_response():

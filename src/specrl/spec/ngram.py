@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specrl.engine.sampling import SamplingParams
-from specrl.spec.proposer import Proposal, ProposalContext
+from specrl.spec.proposer import Proposal, ProposalContext, one_hot_proposal
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,8 @@ class NgramProposer:
         pass
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
-        drafts = []
+        found, last = [], []
         for row, length in zip(context.tokens.tolist(), context.num_tokens.tolist()):
-            history = row[:length]
-            found = lookup(history, k, self.config.max_n, self.config.min_n)
-            drafts.append(found + [found[-1] if found else history[-1]] * (k - len(found)))
-        return Proposal(tokens=torch.tensor(drafts, dtype=torch.long).view(-1, k), probs=None)
+            found.append(lookup(row[:length], k, self.config.max_n, self.config.min_n))
+            last.append(row[length - 1])
+        return one_hot_proposal(found, last, k)

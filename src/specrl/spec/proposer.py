@@ -27,6 +27,17 @@ class Proposal:
     probs: torch.Tensor | None  # [B, K, V] draft distribution q, or None for one-hot proposals
 
 
+def one_hot_proposal(found: list[list[int]], histories_last: list[int], k: int) -> Proposal:
+    """A deterministic proposal from per-row lookups that may come up short.
+
+    A row's draft is what it found, padded to k by repeating its last found token (or the
+    row's last token when nothing was found): a cheap guess, still verified exactly.
+    Example: found [[4, 5], []], last tokens [9, 7], k 3 -> [[4, 5, 5], [7, 7, 7]].
+    """
+    drafts = [row + [row[-1] if row else last] * (k - len(row)) for row, last in zip(found, histories_last)]
+    return Proposal(tokens=torch.tensor(drafts, dtype=torch.long).view(-1, k), probs=None)
+
+
 @dataclass
 class ProposalContext:
     tokens: torch.Tensor  # [B, S_max] long: prompt + generated tokens of each live row

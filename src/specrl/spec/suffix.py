@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from specrl.engine.sampling import SamplingParams
-from specrl.spec.proposer import Proposal, ProposalContext
+from specrl.spec.proposer import Proposal, ProposalContext, one_hot_proposal
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,6 @@ class SuffixProposer:
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
         self._sync(context)
-        drafts = []
-        for group, seq in self.row_seq:
-            index = self.groups[group]
-            found = index.lookup(seq, k)
-            filler = found[-1] if found else index.sequences[seq][-1]
-            drafts.append(found + [filler] * (k - len(found)))
-        return Proposal(tokens=torch.tensor(drafts, dtype=torch.long).view(-1, k), probs=None)
+        found = [self.groups[group].lookup(seq, k) for group, seq in self.row_seq]
+        last = [self.groups[group].sequences[seq][-1] for group, seq in self.row_seq]
+        return one_hot_proposal(found, last, k)
