@@ -64,6 +64,33 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class PipelineSpec:
+    """Sync or async (Ray) GRPO; see `specrl.pipeline.asynchronous` for the async design."""
+
+    MODES: typing.ClassVar[tuple[str, ...]] = ("sync", "async")
+
+    mode: str = "sync"  # sync: generate -> train -> sync in turn | async: Ray rollout actors run alongside the trainer
+    max_staleness: int = 1  # async: a group is trained on at most this many versions after its weights (0 = sync)
+    num_actors: int = 1  # async: Ray rollout actors, each with its own backend
+    prompts_per_request: int | None = None  # async: prompts per actor call; None = rollout.prompts_per_step
+    requests_per_actor: int = 2  # async: calls queued on one actor (1 running + the rest waiting)
+    buffer_size: int | None = None  # async: most groups buffered + in flight; None = (max_staleness + 1) * prompts_per_step
+    actor_threads: int = 1  # async: torch threads (and Ray CPUs) per rollout actor
+    ray_address: str | None = None  # async: join this Ray cluster; None = start a local Ray on this machine's cores
+
+    def __post_init__(self):
+        if self.mode not in self.MODES:
+            raise ValueError(f"pipeline.mode must be one of {self.MODES}, got {self.mode!r}")
+        for name in ("num_actors", "requests_per_actor", "actor_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_staleness < 0:
+            raise ValueError(f"pipeline.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.prompts_per_request is not None and self.prompts_per_request < 1:
+            raise ValueError(f"pipeline.prompts_per_request must be >= 1, got {self.prompts_per_request}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run: RunSpec = field(default_factory=RunSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
@@ -72,6 +99,15 @@ class TrainConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     draft: DraftAdaptConfig = field(default_factory=DraftAdaptConfig)
+    pipeline: PipelineSpec = field(default_factory=PipelineSpec)
+
+    def __post_init__(self):
+        P, request = self.rollout.prompts_per_step, self.pipeline.prompts_per_request
+        if request is not None and (request > P or P % request):
+            raise ValueError(f"pipeline.prompts_per_request ({request}) must divide rollout.prompts_per_step ({P})")
+        if self.pipeline.buffer_size is not None and self.pipeline.buffer_size < P:
+            raise ValueError(f"pipeline.buffer_size ({self.pipeline.buffer_size}) must hold one step's groups "
+                             f"(rollout.prompts_per_step = {P})")
 
 
 PRESETS: dict[str, dict] = {

@@ -79,9 +79,10 @@ class PolicyTrainer:
         return sync_state_dict(self.model)
 
     def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
-             advantages: torch.Tensor, on_micro_batch=None) -> dict[str, float]:
+             advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False) -> dict[str, float]:
         """One optimiser step. `on_micro_batch(batch, logits)` sees each micro-batch's detached
-        policy logits (the draft adaptation trains on them)."""
+        policy logits (the draft adaptation trains on them). `decoupled` (a batch with stale
+        tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`)."""
         num_tokens = sum(len(r) for r in responses)
         stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         abs_err, max_err = 0.0, 0.0
@@ -98,11 +99,12 @@ class PolicyTrainer:
                 with torch.no_grad():
                     ref = token_logprobs(response_logits(self.reference, batch), batch.ids, self.temperature)
             loss, micro = grpo_loss(logprobs, behaviour, advantages[rows], batch.loss_mask, self.grpo,
-                                    num_tokens=num_tokens, ref_logprobs=ref)
+                                    num_tokens=num_tokens, ref_logprobs=ref,
+                                    proximal_logprobs=logprobs.detach() if decoupled else None)
             loss.backward()
             stats["loss"] += float(loss.detach())
-            for key in ("kl", "clip_fraction"):
-                stats[key] += micro[key]
+            for key, value in micro.items():
+                stats[key] = stats.get(key, 0.0) + value
             with torch.no_grad():
                 err = (logprobs - behaviour).abs() * batch.loss_mask
                 abs_err += float(err.sum())

@@ -1,0 +1,52 @@
+"""A GRPO group: one prompt's G sampled responses with their rewards, the unit both pipelines train on.
+
+The sync loop scores its groups in the trainer's process; the async pipeline's
+rollout actors score theirs before handing them over, so a group in the buffer is
+ready to train on. Either way the same two functions pick the prompts and score them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specrl.engine.engine import Completion
+
+
+@dataclass
+class Group:
+    """One prompt's G completions, scored."""
+
+    index: int  # data position: the problem is task[index]
+    prompt_ids: list[int]
+    completions: list[Completion]  # G of them, in sample order
+    rewards: list[float]  # [G], the task verifier's score of each completion
+    issued_version: int  # the weight version the generate call started from
+
+    @property
+    def version(self) -> int:
+        """The oldest weight version that produced any of its tokens (the group's age is counted from it)."""
+        return min((v for c in self.completions for v in c.versions), default=self.issued_version)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.completions)
+
+
+def render_prompts(task, tokenizer, first: int, count: int) -> tuple[list, list[str]]:
+    """Problems task[first : first + count] and their prompt texts."""
+    problems = [task[first + i] for i in range(count)]
+    return problems, [task.render(p, tokenizer) for p in problems]
+
+
+def score_groups(task, tokenizer, first: int, problems: list, prompts: list[str], completions: list[Completion],
+                 issued_version: int) -> list[Group]:
+    """Prompt-major completions (n per prompt) -> one scored Group per prompt, indexed from `first`."""
+    n = len(completions) // len(problems)
+    groups = []
+    for i, (problem, prompt) in enumerate(zip(problems, prompts)):
+        members = completions[i * n:(i + 1) * n]
+        if any(c.prompt_index != i for c in members):
+            raise ValueError("completions are not prompt-major with n samples per prompt")
+        groups.append(Group(index=first + i, prompt_ids=tokenizer.encode(prompt, add_special_tokens=False),
+                            completions=members, rewards=[task.reward(c.text, problem) for c in members],
+                            issued_version=issued_version))
+    return groups

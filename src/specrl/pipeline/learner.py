@@ -1,0 +1,173 @@
+"""The trainer side both pipelines share: train on scored groups, checkpoint, record.
+
+A `Learner` owns the policy (and draft) trainers, the task, the run folder and its
+telemetry. A pipeline (sync or async) decides where the groups come from and when;
+the learner turns a batch of groups into one optimiser step and one metrics record:
+
+    groups [P] --group advantages--> PolicyTrainer.step (GRPO; the draft adapts on the same
+    micro-batches) --> checkpoint when due --> metrics.jsonl record (+ TensorBoard)
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from specrl.backends.embedded import load_tokenizer
+from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
+from specrl.pipeline.checkpoint import latest_checkpoint, restore_training_state, save_checkpoint
+from specrl.pipeline.config import TrainConfig, config_to_dict
+from specrl.pipeline.groups import Group
+from specrl.rl.advantages import group_advantages
+from specrl.rl.draft_adaptation import DraftTrainer
+from specrl.rl.tasks import make_task
+from specrl.rl.trainer import PolicyTrainer
+from specrl.telemetry.sinks import MetricsSink, truncate_metrics
+from specrl.telemetry.spec_stats import SpecStats
+from specrl.telemetry.timers import StageTimer
+
+
+def sampling_seed(run_seed: int, step: int) -> int:
+    return run_seed * 1_000_003 + step
+
+
+def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str, str | None]:
+    """(checkpoint to resume or None, policy dir, draft dir or None): the registered models or the checkpoint's."""
+    run_dir = Path(config.run.run_dir)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise ValueError(f"--resume {run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    wants_draft = config.backend.proposer == "draft"
+    draft = (config.backend.draft or DRAFT_FOR.get(config.backend.model)) if wants_draft else None
+    registered_draft = str(resolve_checkpoint(draft)) if draft else None
+    if checkpoint is None:
+        return None, str(resolve_checkpoint(config.backend.model)), registered_draft
+    saved_draft = checkpoint / "draft"
+    return checkpoint, str(checkpoint / "policy"), str(saved_draft) if saved_draft.is_dir() else registered_draft
+
+
+class Learner:
+    """Policy (+ draft) trainers, task, run folder and telemetry of one run."""
+
+    def __init__(self, config: TrainConfig, checkpoint: Path | None, policy_dir: str, draft_dir: str | None,
+                 tokenizer=None):
+        self.config = config
+        self.run_dir = Path(config.run.run_dir)
+        self.policy_dir, self.draft_dir = policy_dir, draft_dir
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.trainer = PolicyTrainer(policy_dir, config.grpo, config.optim, config.rollout.temperature, pad)
+        self.draft = None
+        if config.draft.enabled and draft_dir is not None:
+            self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
+        self.task = make_task(config.task.name, config.task.size, config.task.seed, dict(config.task.difficulty))
+        self.start_step = 0
+        if checkpoint is not None:
+            state = restore_training_state(checkpoint, self.trainer.optimizer,
+                                           self.draft.optimizer if self.draft else None)
+            self.start_step = state["step"]
+            self.start_version = state["version"]
+            truncate_metrics(self.run_dir, self.start_step)
+        else:
+            self._claim_run_dir()
+        (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
+        self.sink = MetricsSink(self.run_dir, tensorboard=config.run.tensorboard)
+        self.timer = StageTimer()
+        self.spec_total = SpecStats()
+        self.generated_tokens, self.generation_seconds = 0, 0.0
+        self.staleness_total: Counter[int] = Counter()
+        self.history: list[dict] = []
+
+    def _claim_run_dir(self) -> None:
+        """Start a fresh run folder; an earlier run's checkpoints are never dropped silently."""
+        if latest_checkpoint(self.run_dir) is not None:
+            if not self.config.run.overwrite:
+                raise ValueError(f"{self.run_dir} already holds a run's checkpoints: continue it with --resume "
+                                 f"{self.run_dir}, pick another run.run_dir, or set run.overwrite=true to replace it")
+            shutil.rmtree(self.run_dir / "checkpoints")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+    def weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """(policy, draft or None) state dicts under Hugging Face names, for weight sync."""
+        return self.trainer.state_dict(), self.draft.state_dict() if self.draft else None
+
+    def train(self, step: int, groups: list[Group], decoupled: bool = False) -> dict:
+        """One optimiser step on `groups` (timed as `training` / `draft_training`); returns the train stats."""
+        cfg, timer = self.config, self.timer
+        completions = [c for g in groups for c in g.completions]
+        rewards = torch.tensor([r for g in groups for r in g.rewards])
+        advantages = group_advantages(rewards, cfg.grpo.group_size, scale=cfg.grpo.scale_advantages)
+        adapt = self.draft is not None and step % cfg.draft.every == 0
+        num_tokens = sum(g.num_tokens for g in groups)
+        draft_seconds = StageTimer()
+
+        def on_micro_batch(batch, logits):
+            with draft_seconds.stage("draft_training"):
+                self.draft.accumulate(batch, logits, num_tokens)
+
+        with timer.stage("training"):
+            stats = self.trainer.step([g.prompt_ids for g in groups for _ in g.completions],
+                                      [c.token_ids for c in completions], [c.logprobs for c in completions],
+                                      advantages, on_micro_batch=on_micro_batch if adapt else None,
+                                      decoupled=decoupled)
+        timer.reassign("training", "draft_training", draft_seconds.total.get("draft_training", 0.0))
+        if adapt:
+            with timer.stage("draft_training"):
+                stats.update(self.draft.step())
+        return stats
+
+    def checkpoint_if_due(self, step: int) -> None:
+        every = self.config.run.checkpoint_every
+        if step == self.config.run.steps or (every and step % every == 0):
+            with self.timer.stage("checkpoint"):
+                save_checkpoint(self.run_dir, step, step, self.trainer.model, self.trainer.optimizer, self.tokenizer,
+                                self.draft.model if self.draft else None, self.draft.optimizer if self.draft else None)
+
+    def note_rollouts(self, spec: SpecStats, tokens: int, seconds: float) -> None:
+        """Count generated tokens and generation seconds (whether or not their groups are trained on)."""
+        self.spec_total.merge(spec)
+        self.generated_tokens += tokens
+        self.generation_seconds += seconds
+
+    def record(self, step: int, groups: list[Group], stats: dict, spec: SpecStats, k_histogram: dict,
+               tokens_per_s: float, extra: dict | None = None) -> dict:
+        """Write one step's metrics record (timing = the stage timer's lap) and keep it in `history`."""
+        rewards = torch.tensor([r for g in groups for r in g.rewards])
+        lengths = [len(c.token_ids) for g in groups for c in g.completions]
+        staleness = Counter(step - 1 - g.version for g in groups)
+        self.staleness_total.update(staleness)
+        record = {
+            "step": step, "policy_version": min(g.version for g in groups),
+            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
+            "response_length_mean": statistics.mean(lengths), "response_length_max": max(lengths),
+            "rollout_tokens": sum(lengths), "rollout_tokens_per_s": tokens_per_s,
+            "spec": spec.as_dict(), "k_histogram": {str(k): v for k, v in k_histogram.items()},
+            "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+            "train": stats, **(extra or {}), "timing": self.timer.lap(),
+        }
+        record["step_seconds"] = sum(record["timing"].values())
+        self.sink.write(step, record)
+        self.history.append(record)
+        return record
+
+    def summary(self) -> dict:
+        rewards = [r["reward_mean"] for r in self.history]
+        tail = rewards[-max(1, len(rewards) // 5):]
+        return {
+            "steps": self.config.run.steps, "steps_run": len(self.history), "resumed_from": self.start_step,
+            "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+            "reward_last_fifth_mean": statistics.mean(tail) if tail else None,
+            "acceptance_length": self.spec_total.acceptance_length, "acceptance_rate": self.spec_total.acceptance_rate,
+            "rollout_tokens_per_s": self.generated_tokens / max(self.generation_seconds, 1e-9),
+            "timing": self.timer.total, "seconds": sum(self.timer.total.values()),
+            "proposer": self.config.backend.proposer, "backend": self.config.backend.backend,
+            "pipeline": self.config.pipeline.mode,
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_total.items())},
+            "max_staleness_seen": max(self.staleness_total, default=0),
+            "run_dir": str(self.run_dir),
+        }
