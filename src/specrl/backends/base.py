@@ -15,12 +15,16 @@ class BackendConfig:
     """Which engine runs rollouts, on which checkpoint, with which speculation."""
 
     BACKENDS: ClassVar[tuple[str, ...]] = ("embedded", "vllm")
-    PROPOSERS: ClassVar[tuple[str, ...]] = ("none", "ngram", "suffix", "draft")
+    PROPOSERS: ClassVar[tuple[str, ...]] = ("none", "ngram", "suffix", "draft", "eagle3", "mtp", "hybrid")
+    MODEL_DRAFTS: ClassVar[tuple[str, ...]] = ("draft", "eagle3", "mtp")
 
     backend: str = "embedded"  # embedded | vllm
     model: str = "tiny"  # a registered model name (tiny, smollm2-135m) or a checkpoint directory
-    proposer: str = "none"  # none | ngram (prompt lookup) | suffix (sibling rollouts) | draft (a draft model)
-    draft: str | None = None  # draft checkpoint for proposer=draft; None = the model's registered draft
+    # none | ngram (prompt lookup) | suffix (sibling rollouts) | draft (a draft model) | eagle3 | mtp
+    # (hidden-state heads) | hybrid (per step, `hybrid_model` or suffix, whichever pays more)
+    proposer: str = "none"
+    draft: str | None = None  # checkpoint of the draft / eagle3 / mtp head; None = the model's registered one
+    hybrid_model: str = "eagle3"  # the model-draft half of proposer=hybrid: draft | eagle3 | mtp
     num_speculative_tokens: int = 3  # K, the most drafts verified per step
     adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost
     max_model_len: int | None = None  # prompt + response cap; None = the model's context
@@ -31,8 +35,18 @@ class BackendConfig:
             raise ValueError(f"backend must be one of {self.BACKENDS}, got {self.backend!r}")
         if self.proposer not in self.PROPOSERS:
             raise ValueError(f"proposer must be one of {self.PROPOSERS}, got {self.proposer!r}")
+        if self.hybrid_model not in self.MODEL_DRAFTS:
+            raise ValueError(f"hybrid_model must be one of {self.MODEL_DRAFTS}, got {self.hybrid_model!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens (K) must be >= 0, got {self.num_speculative_tokens}")
+
+
+    @property
+    def model_draft(self) -> str | None:
+        """The kind of model draft this config loads (draft | eagle3 | mtp), or None."""
+        if self.proposer == "hybrid":
+            return self.hybrid_model
+        return self.proposer if self.proposer in self.MODEL_DRAFTS else None
 
 
 class Backend(Protocol):

@@ -8,8 +8,10 @@ from specrl.backends.base import BackendConfig
 from specrl.engine.engine import EngineConfig, GenerateResult, RolloutEngine
 from specrl.engine.model import LlamaModel
 from specrl.engine.sampling import SamplingParams
-from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
+from specrl.models.registry import draft_for, resolve_checkpoint
 from specrl.spec.draft_model import DraftModelProposer
+from specrl.spec.head_proposer import HeadProposer, load_head
+from specrl.spec.hybrid import HybridProposer
 from specrl.spec.ngram import NgramConfig, NgramProposer
 from specrl.spec.suffix import SuffixProposer
 
@@ -43,10 +45,17 @@ class EmbeddedBackend:
             return NgramProposer(NgramConfig(max_n=config.ngram_max_n))
         if config.proposer == "suffix":
             return SuffixProposer()
-        draft_name = config.draft or DRAFT_FOR.get(config.model)
+        kind = config.model_draft
+        draft_name = config.draft or draft_for(config.model, kind)
         if draft_name is None:
-            raise ValueError(f"proposer=draft needs a draft checkpoint for model {config.model!r}: set draft=PATH")
-        return DraftModelProposer(LlamaModel.from_pretrained(resolve_checkpoint(draft_name)), model.cfg.vocab_size)
+            raise ValueError(f"proposer={config.proposer} needs a {kind} checkpoint for model {config.model!r}: "
+                             f"set draft=PATH")
+        path = resolve_checkpoint(draft_name)
+        if kind == "draft":
+            part = DraftModelProposer(LlamaModel.from_pretrained(path), model.cfg.vocab_size)
+        else:
+            part = HeadProposer(load_head(path, model, kind))
+        return HybridProposer(part, max_k=config.num_speculative_tokens) if config.proposer == "hybrid" else part
 
     @property
     def version(self) -> int:

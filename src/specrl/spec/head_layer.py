@@ -1,0 +1,138 @@
+"""The decoder layer and chain attention shared by the hidden-state draft heads (EAGLE-3, MTP).
+
+A head drafts a chain from an anchor e, the last position whose target hidden state is
+known (its token t_{e+1} is known too). Chain element j (j = 1..K) sits at position
+e + j - 1 and predicts t_{e+j+1}:
+
+    element 1:  input (f_e, t_{e+1})            f = features fused from the target's hidden states
+    element j:  input (g_{j-1}, d_{j-1})         g = the head's own output of the previous element
+
+Element j attends to the head's cache of positions <= e (element-1 entries computed from
+target features over the whole history) and to the chain's own entries e+1 .. e+j-1.
+
+Training must see the same attention pattern (EAGLE-3's "training-time test"). With the
+whole sequence in one batch, the depth-j pass computes element j for every anchor at once:
+its row i is the element at position i of anchor e = i - j + 1, and it attends to
+
+    depth-1 keys at s <= i - j + 1    and    depth-d keys at s == i - j + d,  d = 2..j.
+
+`chain_mask` builds that mask; `DraftDecoderLayer.forward_train` applies it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specrl.engine.kv_cache import KVCache
+from specrl.engine.model import apply_rope, rms_norm
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def chain_mask(seq_len: int, depth: int) -> torch.Tensor:
+    """[S, depth*S] bool: which keys the depth-`depth` query at each position attends to.
+
+    Keys are laid out depth-major: [depth-1 keys 0..S-1, depth-2 keys 0..S-1, ...].
+    Example, S = 3, depth 2 (rows = queries i, T = attend):
+        i=0: depth-1 none          depth-2 s=0    -> [F F F | T F F]
+        i=1: depth-1 s <= 0        depth-2 s=1    -> [T F F | F T F]
+        i=2: depth-1 s <= 1        depth-2 s=2    -> [T T F | F F T]
+    A query with no valid anchor (i < depth - 1) still sees its own key, so softmax is defined;
+    its output is masked out of the loss.
+    """
+    i = torch.arange(seq_len).unsqueeze(1)  # [S, 1]
+    s = torch.arange(seq_len).unsqueeze(0)  # [1, S]
+    blocks = [s <= i - depth + 1] + [s == i - depth + d for d in range(2, depth + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+class DraftDecoderLayer(nn.Module):
+    """One Llama decoder layer whose attention input may be wider than the residual (EAGLE-3: 2H).
+
+    forward returns the pre-norm residual stream after attention and MLP, the head's feature g.
+    """
+
+    def __init__(self, in_features: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                 intermediate: int, eps: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_features, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(in_features, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(in_features, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    @torch.no_grad()
+    def copy_from(self, w: dict[str, torch.Tensor], column: int = 0) -> None:
+        """Initialise from an engine layer `w` (LlamaModel.layers[i]); q/k/v read input columns
+        column .. column+H (the rest start at zero)."""
+        nq, nkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        H = self.o_proj.weight.shape[0]
+        for proj, src in zip((self.q_proj, self.k_proj, self.v_proj), w["qkv"].t().split([nq, nkv, nkv], dim=0)):
+            proj.weight.zero_()
+            proj.weight[:, column:column + H] = src
+        self.o_proj.weight.copy_(w["o"].t())
+        gate, up = w["gate_up"].t().chunk(2, dim=0)
+        self.gate_proj.weight.copy_(gate)
+        self.up_proj.weight.copy_(up)
+        self.down_proj.weight.copy_(w["down"].t())
+        self.post_attention_layernorm.weight.copy_(w["mlp_norm"])
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, in] -> q [B, h, T, d], k and v [B, h_kv, T, d] (q, k rotated)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """attn [B, h, T, d] -> o_proj, residual add, MLP, residual add: g [B, T, H]."""
+        B, _, T, _ = attn.shape
+        residual = residual + self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
+        h = self.post_attention_layernorm(residual)
+        return residual + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def forward_cached(self, x: torch.Tensor, residual: torch.Tensor, cache: KVCache,
+                       cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Inference: T new positions per row after `cache.lens` (x [B, T, in], residual [B, T, H])."""
+        T = x.shape[1]
+        positions = cache.lens.unsqueeze(1) + torch.arange(T).unsqueeze(0)  # [B, T]
+        q, k, v = self._qkv(x, cos, sin)
+        cache.write(0, k, v, positions)
+        mask, span = cache.attention_mask(T)
+        attn = F.scaled_dot_product_attention(q, cache.keys[0][:, :, :span], cache.values[0][:, :, :span],
+                                              attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self._finish(attn, residual)
+
+    def forward_train(self, x: torch.Tensor, residual: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]],
+                      cos: torch.Tensor, sin: torch.Tensor, pad_mask: torch.Tensor):
+        """Training, depth j = len(past) + 1, all positions at once (see `chain_mask`).
+
+        x [B, S, in], residual [B, S, H]; past = the (k, v) of depths 1..j-1, each [B, h_kv, S, d];
+        pad_mask [B, S] bool, True on real tokens (keys of padding are never attended).
+        Returns (g [B, S, H], (k, v) of this depth).
+        """
+        S = x.shape[1]
+        q, k, v = self._qkv(x, cos, sin)
+        keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
+        values = torch.cat([pv for _, pv in past] + [v], dim=2)
+        depth = len(past) + 1
+        mask = chain_mask(S, depth).unsqueeze(0) & pad_mask.repeat(1, depth).unsqueeze(1)  # [B, S, depth*S]
+        own = torch.zeros(S, depth * S, dtype=torch.bool)
+        own[torch.arange(S), (depth - 1) * S + torch.arange(S)] = True  # every query sees its own key
+        mask = (mask | own).unsqueeze(1)  # [B, 1, S, depth*S]
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self._finish(attn, residual), (k, v)

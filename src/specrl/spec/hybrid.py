@@ -1,0 +1,120 @@
+"""A hybrid proposer: per step, a model draft or the group-suffix draft, whichever pays more.
+
+For a step with k drafts over B rows, part i is expected to yield
+
+    rate_i = (1 + E_i(k)) / (V + c_i)      E_i(k) = sum_{j<k} P_i(drafts 0..j all accepted)
+
+tokens per second per row, where V is the engine's last measured step time outside the
+proposer (target forward, verification, bookkeeping: `ProposalContext.verify_seconds`) and
+c_i is part i's own propose() time, a moving average. The suffix draft is free but only as
+good as the siblings' agreement; the model draft costs a pass per drafted token.
+
+Acceptance estimates come from the tokens the engine actually emitted, read at the next
+call. A rejected draft token x had q(x) > p(x), so the residual (p - q)+ is zero at x and
+the recovered token differs from it: a row's leading matches between its drafts and its
+emitted tokens are exactly its accepted drafts. The suffix draft is deterministic, so its
+chance of matching a target sample equals its acceptance probability: it is scored on every
+step, whichever part ran (positions past a row's emitted tokens are left out). The model
+part is scored when it runs, and runs at least every `explore_every` steps.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specrl.engine.sampling import SamplingParams
+from specrl.spec.proposer import Proposal, ProposalContext
+from specrl.spec.suffix import SuffixProposer
+
+
+class AcceptanceEstimate:
+    """P(drafts 0..j all accepted) per position j, a moving average from observed leading matches."""
+
+    def __init__(self, k: int, prior: float, smoothing: float):
+        self.prefix = [prior ** (j + 1) for j in range(k)]
+        self.smoothing = smoothing
+
+    def expected(self, k: int) -> float:
+        return sum(self.prefix[:k])
+
+    def update(self, drafts: torch.Tensor, emitted: torch.Tensor, known: torch.Tensor) -> None:
+        """drafts [B, k]; emitted [B, k] the tokens that followed; known [B] how many of them exist."""
+        matches = (drafts == emitted).long().cumprod(1)  # [B, k] 1 while all drafts so far matched
+        for j in range(drafts.shape[1]):
+            seen = known > j
+            if seen.any():
+                rate = float(matches[seen, j].float().mean())
+                self.prefix[j] += self.smoothing * (rate - self.prefix[j])
+
+
+class HybridProposer:
+    name = "hybrid"
+
+    def __init__(self, model_part, suffix_part: SuffixProposer | None = None, max_k: int = 8,
+                 smoothing: float = 0.1, explore_every: int = 16):
+        self.model_part, self.suffix_part = model_part, suffix_part or SuffixProposer()
+        self.hidden_layers = model_part.hidden_layers
+        self.estimates = {"model": AcceptanceEstimate(max_k, 0.5, smoothing),
+                          "suffix": AcceptanceEstimate(max_k, 0.3, smoothing)}
+        self.cost = {"model": None, "suffix": 0.0}  # seconds per propose(), moving averages
+        self.smoothing, self.explore_every = smoothing, explore_every
+        self.choices = {"model": 0, "suffix": 0}
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
+        self.model_part.start(tokens, num_tokens, params)
+        self.suffix_part.start(tokens, num_tokens, params)
+        self.pending: list[tuple[str, torch.Tensor]] = []  # (part, drafts [B, k]) proposed last call
+        self.pending_start: torch.Tensor | None = None  # [B] num_tokens when they were proposed
+        self.since_model = 0
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.model_part.select_rows(rows)
+        self.suffix_part.select_rows(rows)
+        if self.pending_start is not None:
+            self.pending = [(part, drafts.index_select(0, rows)) for part, drafts in self.pending]
+            self.pending_start = self.pending_start.index_select(0, rows)
+
+    def observe(self, hidden, start, count, tokens) -> None:
+        self.model_part.observe(hidden, start, count, tokens)
+
+    def _score_pending(self, context: ProposalContext) -> None:
+        """Compare last call's drafts with the tokens that were emitted after them."""
+        if self.pending_start is None:
+            return
+        k = self.pending[0][1].shape[1]
+        columns = (self.pending_start.unsqueeze(1) + torch.arange(k)).clamp_max(context.tokens.shape[1] - 1)
+        emitted = context.tokens.gather(1, columns)
+        known = (context.num_tokens - self.pending_start).clamp(0, k)
+        for part, drafts in self.pending:
+            self.estimates[part].update(drafts, emitted, known)
+        self.pending, self.pending_start = [], None
+
+    def _timed(self, part: str, proposer, context: ProposalContext, k: int) -> Proposal:
+        start = time.perf_counter()
+        proposal = proposer.propose(context, k)
+        seconds = time.perf_counter() - start
+        previous = self.cost[part]
+        self.cost[part] = seconds if previous is None else previous + self.smoothing * (seconds - previous)
+        return proposal
+
+    def _rate(self, part: str, k: int, verify_seconds: float) -> float:
+        return (1.0 + self.estimates[part].expected(k)) / (verify_seconds + self.cost[part])
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal:
+        self._score_pending(context)
+        suffix = self._timed("suffix", self.suffix_part, context, k)
+        self.pending = [("suffix", suffix.tokens)]
+        self.pending_start = context.num_tokens.clone()
+        verify = context.verify_seconds
+        use_model = (self.cost["model"] is None or verify is None or self.since_model >= self.explore_every
+                     or self._rate("model", k, verify) > self._rate("suffix", k, verify))
+        if not use_model:
+            self.since_model += 1
+            self.choices["suffix"] += 1
+            return suffix
+        self.since_model = 0
+        self.choices["model"] += 1
+        proposal = self._timed("model", self.model_part, context, k)
+        self.pending.append(("model", proposal.tokens))
+        return proposal

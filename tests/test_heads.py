@@ -1,0 +1,117 @@
+"""Hidden-state draft heads (EAGLE-3, MTP): the chain they draft, how they are saved, how they learn.
+
+Chain of invariants:
+    the training-time-test pass   == the engine's cached drafting, element by element (same logits);
+    the recorder's hidden states  == a teacher-forced forward of the finished rollout;
+    save -> load                  == the same head (vLLM's EAGLE-3 layout, DeepSeek-style MTP names);
+    training                      lowers the held-out loss and raises held-out acceptance.
+(Exactness of speculation with these heads is in test_engine.py, with every other proposer.)
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import save_random_checkpoint
+from specrl.engine.engine import EngineConfig, RolloutEngine
+from specrl.engine.model import LlamaModel
+from specrl.engine.sampling import SamplingParams
+from specrl.spec.eagle3 import Eagle3Head
+from specrl.spec.head_layer import chain_mask
+from specrl.spec.head_proposer import HeadProposer, load_head
+from specrl.spec.mtp import MTPHead
+
+
+def jittered(head):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return head.eval()
+
+
+def make_head(kind, target):
+    if kind == "eagle3":
+        return jittered(Eagle3Head.from_target(target, d2t=torch.arange(0, 40, 2)))
+    return jittered(MTPHead.from_target(target))
+
+
+def test_chain_mask_matches_the_worked_example():
+    expected = torch.tensor([[0, 0, 0, 1, 0, 0],
+                             [1, 0, 0, 0, 1, 0],
+                             [1, 1, 0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(chain_mask(3, 2), expected)
+    assert torch.equal(chain_mask(4, 1), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+@torch.inference_mode()
+def test_training_pass_equals_cached_drafting_element_by_element(target_dir, kind):
+    target = LlamaModel.from_pretrained(target_dir)
+    head = make_head(kind, target)
+    ids = torch.randint(0, 40, (1, 14), generator=torch.Generator().manual_seed(3))
+    _, hidden = target.forward(ids, target.new_cache(1, 14), hidden_layers=head.hidden_layers)
+    g_train = head.forward_train(hidden, ids, torch.ones_like(ids, dtype=torch.bool), depth=3)
+    proposer = HeadProposer(head)
+    for e in (2, 6, 10):  # anchor: target states known at positions <= e
+        proposer.start(ids, torch.tensor([e + 2]), SamplingParams())
+        proposer.observe({l: h[:, : e + 1] for l, h in hidden.items()}, torch.tensor([0]), torch.tensor([e + 1]), ids)
+        feature, cache = proposer.feature, proposer.cache
+        for j in range(3):  # element j+1 at position e + j, fed the true token as its draft
+            if j:
+                feature = head.forward_cached(feature.unsqueeze(1), ids[:, e + j + 1].view(1, 1), cache)[:, 0]
+                cache.lens += 1
+            assert torch.allclose(head.logits(feature), head.logits(g_train[j][:, e + j]), atol=1e-4), (e, j)
+
+
+def test_recorder_collects_the_hidden_states_of_a_teacher_forced_forward(target_dir):
+    from specrl.models.train_head import HiddenStateRecorder
+
+    target = LlamaModel.from_pretrained(target_dir)
+    recorder = HiddenStateRecorder((0, -1))
+    engine = RolloutEngine(target, proposer=recorder, config=EngineConfig(num_speculative_tokens=0))
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    result = engine.generate(prompts, SamplingParams(n=2, max_tokens=9, seed=0, ignore_eos=True))
+    for slot, completion in enumerate(result.completions):
+        ids = torch.tensor([prompts[completion.prompt_index] + completion.token_ids])
+        _, ref = target.forward(ids, target.new_cache(1, ids.shape[1]), hidden_layers=(0, -1))
+        got = recorder.features(slot, ids.shape[1] - 1)
+        for layer in (0, -1):
+            assert torch.allclose(got[layer].float(), ref[layer][0, :-1], atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_saved_head_loads_back_identical(tmp_path, target_dir, kind):
+    target = LlamaModel.from_pretrained(target_dir)
+    head = make_head(kind, target)
+    head.save(tmp_path)
+    loaded = load_head(tmp_path, target, kind)
+    assert type(loaded) is type(head)
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    if kind == "eagle3":  # vLLM's layout: d2t as offsets, t2d as a mask, midlayer.* names
+        assert torch.equal(loaded.d2t, head.d2t)
+        tensors = load_file(str(tmp_path / "model.safetensors"))
+        assert torch.equal(tensors["d2t"] + torch.arange(20), head.d2t)
+        assert int(tensors["t2d"].sum()) == 20 and "midlayer.self_attn.q_proj.weight" in tensors
+        config = json.loads((tmp_path / "config.json").read_text())
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 20
+
+
+def test_head_for_another_vocabulary_or_kind_is_refused(tmp_path, target_dir):
+    target = LlamaModel.from_pretrained(target_dir)
+    make_head("eagle3", target).save(tmp_path / "eagle3")
+    with pytest.raises(ValueError, match="is a eagle3 head, but proposer=mtp"):
+        load_head(tmp_path / "eagle3", target, "mtp")
+    other = tmp_path / "other"
+    save_random_checkpoint(other, vocab=48, seed=5)
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        load_head(tmp_path / "eagle3", LlamaModel.from_pretrained(other))
+    with pytest.raises(ValueError, match="not an EAGLE-3 or MTP head"):
+        load_head(other, target)
+    (tmp_path / "eagle3" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="corrupt"):
+        load_head(tmp_path / "eagle3", target)
