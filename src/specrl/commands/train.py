@@ -11,7 +11,8 @@ from specrl.pipeline.config import PRESETS, TrainConfig, load_config
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="GRPO training with exact speculative rollouts",
-        description="Runs synchronous GRPO: generate (speculative, exact) -> reward -> train -> sync weights. "
+        description="Runs GRPO: generate (speculative, exact) -> reward -> train -> sync weights, one after another "
+                    "(--pipeline sync) or with Ray rollout actors generating while the trainer trains (--pipeline async). "
                     "Config = --preset, then --config FILE (JSON), then key=value overrides with dotted keys, "
                     "e.g. grpo.group_size=4 rollout.max_tokens=24 run.steps=10.")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
@@ -20,6 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--proposer", choices=["none", "ngram", "suffix", "draft"], default=None,
                    help="shorthand for backend.proposer=...")
     p.add_argument("--backend", choices=["embedded", "vllm"], default=None, help="shorthand for backend.backend=...")
+    p.add_argument("--pipeline", choices=["sync", "async"], default=None, help="shorthand for pipeline.mode=...")
+    p.add_argument("--ray-address", default=None, help="async: join this Ray cluster (default: a local Ray)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue a killed run from its last checkpoint (uses the run's saved config)")
     p.set_defaults(func=run)
@@ -31,6 +34,10 @@ def build_config(args) -> TrainConfig:
         overrides.append(f"backend.proposer={args.proposer}")
     if args.backend:
         overrides.append(f"backend.backend={args.backend}")
+    if getattr(args, "pipeline", None):
+        overrides.append(f"pipeline.mode={args.pipeline}")
+    if getattr(args, "ray_address", None):
+        overrides.append(f"pipeline.ray_address={args.ray_address}")
     if args.resume:
         saved = Path(args.resume) / "config.json"
         if not saved.is_file():
@@ -40,11 +47,13 @@ def build_config(args) -> TrainConfig:
 
 
 def run(args) -> dict:
-    from specrl.pipeline.sync import SyncTrainer
-
     config = build_config(args)
     set_threads(config.run.threads)
-    trainer = SyncTrainer(config, resume=bool(args.resume))
+    if config.pipeline.mode == "async":
+        from specrl.pipeline.asynchronous import AsyncTrainer as Trainer
+    else:
+        from specrl.pipeline.sync import SyncTrainer as Trainer
+    trainer = Trainer(config, resume=bool(args.resume))
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     with Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),

@@ -74,7 +74,7 @@ class PipelineSpec:
     num_actors: int = 1  # async: Ray rollout actors, each with its own backend
     prompts_per_request: int | None = None  # async: prompts per actor call; None = rollout.prompts_per_step
     requests_per_actor: int = 2  # async: calls queued on one actor (1 running + the rest waiting)
-    buffer_size: int | None = None  # async: most groups buffered + in flight; None = (max_staleness + 1) * prompts_per_step
+    buffer_size: int | None = None  # async: most groups buffered + in flight; None = (max_staleness + 1) * prompts_per_step (the most)
     actor_threads: int = 1  # async: torch threads (and Ray CPUs) per rollout actor
     ray_address: str | None = None  # async: join this Ray cluster; None = start a local Ray on this machine's cores
 
@@ -105,9 +105,11 @@ class TrainConfig:
         P, request = self.rollout.prompts_per_step, self.pipeline.prompts_per_request
         if request is not None and (request > P or P % request):
             raise ValueError(f"pipeline.prompts_per_request ({request}) must divide rollout.prompts_per_step ({P})")
-        if self.pipeline.buffer_size is not None and self.pipeline.buffer_size < P:
-            raise ValueError(f"pipeline.buffer_size ({self.pipeline.buffer_size}) must hold one step's groups "
-                             f"(rollout.prompts_per_step = {P})")
+        window = (self.pipeline.max_staleness + 1) * P
+        if self.pipeline.buffer_size is not None and not P <= self.pipeline.buffer_size <= window:
+            raise ValueError(f"pipeline.buffer_size ({self.pipeline.buffer_size}) must be between one step's groups "
+                             f"(rollout.prompts_per_step = {P}) and the staleness window "
+                             f"((pipeline.max_staleness + 1) * prompts_per_step = {window})")
 
 
 PRESETS: dict[str, dict] = {

@@ -1,0 +1,84 @@
+"""The staleness-bounded buffer between the rollout actors and the trainer.
+
+Terms: the trainer at step s holds weights of version s - 1 (it has taken s - 1
+optimiser steps). A group's version is the oldest version that produced any of its
+tokens (`Group.version`). Its staleness when trained on at step s is
+
+    staleness = (s - 1) - group.version          (0 = made by the weights being trained)
+
+`take(count, trainer_version)` first drops every group whose staleness would exceed
+`max_staleness` (counted, never trained on), then hands out the `count` oldest
+remaining groups (by version, then data position), so groups are used before they
+expire. A group index is accepted once: a second arrival (a re-issued request whose
+first answer also came back) is ignored and counted as a duplicate.
+
+The ledger: every group that ever entered is in exactly one of `consumed`, `dropped`
+or the buffer itself.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from specrl.pipeline.groups import Group
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One trained-on group: when, and with what age."""
+
+    index: int  # data position
+    version: int  # the group's (oldest) weight version
+    step: int  # the step that trained on it
+
+    @property
+    def staleness(self) -> int:
+        return self.step - 1 - self.version
+
+
+class StalenessBuffer:
+    def __init__(self, max_staleness: int):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self.groups: list[Group] = []
+        self.seen: set[int] = set()
+        self.consumed: list[Consumed] = []
+        self.dropped: list[int] = []  # data positions dropped for staleness
+        self.duplicates = 0
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def put(self, groups: list[Group]) -> None:
+        for group in groups:
+            if group.index in self.seen:
+                self.duplicates += 1
+                continue
+            self.seen.add(group.index)
+            self.groups.append(group)
+
+    def drop_stale(self, trainer_version: int) -> int:
+        """Drop groups more than max_staleness versions behind `trainer_version`; returns how many."""
+        keep = [g for g in self.groups if trainer_version - g.version <= self.max_staleness]
+        self.dropped += [g.index for g in self.groups if trainer_version - g.version > self.max_staleness]
+        dropped = len(self.groups) - len(keep)
+        self.groups = keep
+        return dropped
+
+    def take(self, count: int, trainer_version: int) -> list[Group] | None:
+        """`count` groups trainable at `trainer_version` (oldest first), or None while fewer are available.
+
+        Example (max_staleness 1, trainer_version 3): groups of versions [1, 2, 3, 2] ->
+        the version-1 group is dropped; take(2) returns the two version-2 groups."""
+        self.drop_stale(trainer_version)
+        if len(self.groups) < count:
+            return None
+        self.groups.sort(key=lambda g: (g.version, g.index))
+        batch, self.groups = self.groups[:count], self.groups[count:]
+        step = trainer_version + 1
+        self.consumed += [Consumed(g.index, g.version, step) for g in batch]
+        return batch
+
+    def staleness_histogram(self) -> dict[int, int]:
+        return dict(sorted(Counter(c.staleness for c in self.consumed).items()))

@@ -1,0 +1,42 @@
+"""Weight broadcast to the rollout actors through Ray's object store, version-stamped.
+
+The trainer `publish`es each new version once: one `ray.put` of the policy (and
+draft) state dicts, Hugging Face names. Every request sent afterwards carries the
+small `VersionedWeights` handle; an actor fetches the tensors (`ray.get`, shared
+memory on one node) only when the handle is newer than what it holds, loads them
+into its backend between requests (`adopt`), and stamps the new version on every
+token it generates from then on. Version 0 is the starting checkpoint, which every
+actor loads itself, so it is never put in the store. Only the newest version is
+referenced by the trainer; Ray frees older ones once no request holds them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import ray
+import torch
+
+
+@dataclass(frozen=True)
+class VersionedWeights:
+    """A version number and (for versions > 0) the object-store reference of its state dicts."""
+
+    version: int
+    # wrapped in a list so that Ray hands the actor the reference, not the tensors, with every request
+    refs: list = field(default_factory=list)
+
+
+def publish(version: int, policy: dict[str, torch.Tensor], draft: dict[str, torch.Tensor] | None) -> VersionedWeights:
+    """One `ray.put` of {"policy": ..., "draft": ... or None}; returns the handle requests carry."""
+    return VersionedWeights(version, [ray.put({"policy": policy, "draft": draft})])
+
+
+def adopt(backend, weights: VersionedWeights) -> float:
+    """Load `weights` into `backend` if newer than its version; returns the seconds it took (0 when current)."""
+    if weights.version <= backend.version:
+        return 0.0
+    start = time.perf_counter()
+    state = ray.get(weights.refs[0])
+    backend.sync_weights(state["policy"], version=weights.version, draft=state["draft"])
+    return time.perf_counter() - start
