@@ -24,6 +24,7 @@ from specrl.engine.sampling import SamplingParams
 from specrl.spec.draft_model import DraftModelProposer
 from specrl.spec.eagle3 import Eagle3Head
 from specrl.spec.head_proposer import HeadProposer
+from specrl.spec.hybrid import HybridProposer
 from specrl.spec.mtp import MTPHead
 from specrl.spec.ngram import NgramProposer
 from specrl.spec.suffix import SuffixProposer
@@ -50,6 +51,7 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
         # a reduced output vocabulary (every other id) exercises d2t
         "eagle3": lambda: HeadProposer(perturbed(Eagle3Head.from_target(model, d2t=torch.arange(0, 40, 2)))),
         "mtp": lambda: HeadProposer(perturbed(MTPHead.from_target(model))),
+        "hybrid": lambda: HybridProposer(HeadProposer(perturbed(MTPHead.from_target(model))), explore_every=2),
     }[proposer]()
     return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive))
 
@@ -78,7 +80,7 @@ def test_greedy_engine_matches_transformers_generate(target_dir):
     assert result.completions[0].token_ids == out[0, len(PROMPTS[0]):].tolist()
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft", "self", "eagle3", "mtp"])
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft", "self", "eagle3", "mtp", "hybrid"])
 def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, proposer):
     params = SamplingParams(temperature=0, max_tokens=24, n=2)
     base = make_engine(target_dir).generate(PROMPTS, params)
@@ -107,7 +109,7 @@ def exact_two_token_distribution(target_dir, prompt: list[int], temperature: flo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("proposer", ["draft", "ngram", "suffix", "eagle3", "mtp"])
+@pytest.mark.parametrize("proposer", ["draft", "ngram", "suffix", "eagle3", "mtp", "hybrid"])
 def test_speculative_samples_follow_the_exact_target_distribution(target_dir, draft_dir, proposer):
     """Chi-square of 6000 two-token samples against the exact joint; false failure odds 1e-4."""
     prompt, n = [3, 1, 3, 1, 3], 6000

@@ -58,7 +58,11 @@ def test_training_pass_equals_cached_drafting_element_by_element(target_dir, kin
     proposer = HeadProposer(head)
     for e in (2, 6, 10):  # anchor: target states known at positions <= e
         proposer.start(ids, torch.tensor([e + 2]), SamplingParams())
-        proposer.observe({l: h[:, : e + 1] for l, h in hidden.items()}, torch.tensor([0]), torch.tensor([e + 1]), ids)
+        # the target's states arrive in two steps (padded like the engine's), caught up in one go
+        first = {l: torch.cat([h[:, :e - 1], torch.zeros_like(h[:, :2])], dim=1) for l, h in hidden.items()}
+        proposer.observe(first, torch.tensor([0]), torch.tensor([e - 1]), ids)
+        proposer.observe({l: h[:, e - 1:e + 1] for l, h in hidden.items()}, torch.tensor([e - 1]), torch.tensor([2]), ids)
+        proposer.catch_up(ids)
         feature, cache = proposer.feature, proposer.cache
         for j in range(3):  # element j+1 at position e + j, fed the true token as its draft
             if j:
@@ -115,3 +119,30 @@ def test_head_for_another_vocabulary_or_kind_is_refused(tmp_path, target_dir):
     (tmp_path / "eagle3" / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="corrupt"):
         load_head(tmp_path / "eagle3", target)
+
+
+def test_acceptance_estimate_counts_leading_matches_of_known_tokens():
+    from specrl.spec.hybrid import AcceptanceEstimate
+
+    estimate = AcceptanceEstimate(3, prior=0.5, smoothing=0.1)
+    estimate.update(torch.tensor([[1, 2, 3], [1, 5, 3]]), torch.tensor([[1, 2, 9], [1, 2, 3]]), torch.tensor([3, 1]))
+    assert estimate.prefix == [1.0, 1.0, 0.0]  # the first observation replaces the prior
+    estimate.update(torch.tensor([[4, 4, 4]]), torch.tensor([[0, 0, 0]]), torch.tensor([3]))
+    assert estimate.prefix == [0.5, 0.5, 0.0]  # the second is averaged with it
+
+
+def test_hybrid_picks_the_part_with_more_tokens_per_second(target_dir):
+    from specrl.spec.hybrid import HybridProposer
+
+    target = LlamaModel.from_pretrained(target_dir)
+    hybrid = HybridProposer(HeadProposer(make_head("mtp", target)), explore_every=100)
+    hybrid.start(torch.zeros(1, 8, dtype=torch.long), torch.tensor([4]), SamplingParams())
+    assert hybrid.choose(3, verify_seconds=None) == "model"  # nothing measured yet
+    hybrid.cost["model"] = 0.01
+    hybrid.estimates["model"].prefix = [0.9, 0.8, 0.7]  # 3.4 tokens per 0.02 s: 170 / s
+    hybrid.estimates["suffix"].prefix = [0.3, 0.1, 0.0]  # 1.4 tokens per 0.01 s: 140 / s
+    assert hybrid.choose(3, verify_seconds=0.01) == "model"
+    hybrid.estimates["suffix"].prefix = [0.9, 0.9, 0.9]  # 3.7 tokens per 0.01 s: 370 / s
+    assert hybrid.choose(3, verify_seconds=0.01) == "suffix"
+    hybrid.since_model = 100  # the model part is re-measured every explore_every steps
+    assert hybrid.choose(3, verify_seconds=0.01) == "model"

@@ -1,8 +1,10 @@
-"""`specrl bench rollout`: speculation off vs on, one process, alternating; ends with one JSON line."""
+"""`specrl bench rollout` (speculation off vs on) and `specrl bench drafters` (every proposer on the
+same prompts): one process, variants alternating; each ends with one JSON line."""
 from __future__ import annotations
 
 from rich.table import Table
 
+from specrl.bench.drafters import PROPOSERS, DraftersBenchConfig, run_drafters_bench
 from specrl.bench.rollout import RolloutBenchConfig, run_rollout_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
 
@@ -15,8 +17,9 @@ def register(subparsers) -> None:
                                      "and reports median tokens/s, acceptance and exactness checks.")
     d = RolloutBenchConfig()
     p.add_argument("--model", default=d.model, help="tiny | smollm2-135m | checkpoint dir (default: %(default)s)")
-    p.add_argument("--proposer", default=d.proposer, choices=["ngram", "suffix", "draft"], help="speculative variant")
-    p.add_argument("--draft", default=d.draft, help="draft checkpoint (default: the model's registered draft)")
+    p.add_argument("--proposer", default=d.proposer, choices=list(PROPOSERS), help="speculative variant")
+    p.add_argument("--draft", default=d.draft,
+                   help="draft / eagle3 / mtp checkpoint (default: the model's registered one for the proposer)")
     p.add_argument("--backend", default=d.backend, choices=["embedded", "vllm"])
     p.add_argument("--batch", type=int, default=d.batch, help="rows per call = prompts x n (default: %(default)s)")
     p.add_argument("--n", type=int, default=d.n, help="samples per prompt, a GRPO group (default: %(default)s)")
@@ -29,6 +32,30 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     add_threads_flag(p)
     p.set_defaults(func=run)
+
+    c = DraftersBenchConfig()
+    q = kinds.add_parser("drafters", help="every proposer on the same prompts: a table and a speedup-vs-batch plot",
+                         description="For each batch size, runs plain decoding and every proposer (n-gram, group suffix, "
+                                     "draft model, EAGLE-3 head, MTP head, hybrid) on the same prompts and seeds, "
+                                     "alternating, for --rounds rounds. Prints acceptance length, acceptance per "
+                                     "position, median speedup and the proposer's share of wall time, writes a PNG of "
+                                     "speedup against batch size, and ends with one JSON line. Proposers whose "
+                                     "checkpoint is missing are skipped and named.")
+    q.add_argument("--model", default=c.model, help="tiny | smollm2-135m | checkpoint dir (default: %(default)s)")
+    q.add_argument("--proposers", default=",".join(c.proposers), help="comma-separated subset of " + ",".join(PROPOSERS))
+    q.add_argument("--batches", default=",".join(map(str, c.batches)), help="comma-separated batch sizes (default: %(default)s)")
+    q.add_argument("--n", type=int, default=c.n, help="samples per prompt, capped at the batch (default: %(default)s)")
+    q.add_argument("--k", type=int, default=c.k, help="num_speculative_tokens (default: %(default)s)")
+    q.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
+    q.add_argument("--hybrid-model", default=c.hybrid_model, choices=["draft", "eagle3", "mtp"],
+                   help="the model-draft half of the hybrid (default: %(default)s)")
+    q.add_argument("--max-tokens", type=int, default=c.max_tokens)
+    q.add_argument("--temperature", type=float, default=c.temperature)
+    q.add_argument("--rounds", type=int, default=c.rounds, help="timed rounds; medians reported")
+    q.add_argument("--seed", type=int, default=c.seed)
+    q.add_argument("--plot", default=c.plot, help="PNG path for the speedup plot (default: %(default)s)")
+    add_threads_flag(q)
+    q.set_defaults(func=run_drafters)
 
 
 def run(args) -> dict:
@@ -53,4 +80,38 @@ def run(args) -> dict:
                   f"per position {[round(a, 2) for a in summary['acceptance_per_pos']]}, K used {summary['k_histogram']}; "
                   f"greedy match {summary['greedy_match']}; mean logprob base {summary['mean_logprob_base']:.3f} "
                   f"spec {summary['mean_logprob_spec']:.3f}")
+    return summary
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def run_drafters(args) -> dict:
+    set_threads(args.threads)
+    config = DraftersBenchConfig(
+        model=args.model, proposers=tuple(p for p in args.proposers.split(",") if p),
+        batches=_int_list(args.batches, "--batches"), n=args.n, k=args.k, adaptive=not args.fixed_k,
+        hybrid_model=args.hybrid_model, max_tokens=args.max_tokens, temperature=args.temperature,
+        rounds=args.rounds, seed=args.seed, plot=args.plot,
+    )
+    rounds = len(config.batches) * config.rounds
+    with progress_bar(f"bench drafters {config.model}", rounds) as update:
+        summary = run_drafters_bench(config, progress=update)
+    table = Table(title=f"drafters: {config.model}, T={config.temperature}, "
+                        f"{'adaptive K' if config.adaptive else 'K'} <= {config.k}")
+    for column in ("proposer", "batch", "tokens/s", "speedup", "accept len", "accept per pos", "draft cost", "K used"):
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(row["proposer"], str(row["batch"]), f"{row['tokens_per_s']:.1f}", f"{row['speedup']:.2f}x",
+                      f"{row['acceptance_length']:.2f}", " ".join(f"{a:.2f}" for a in row["acceptance_per_pos"]),
+                      f"{100 * row['draft_cost_share']:.0f}%", str(row["k_histogram"]))
+    console.print(table)
+    for name, reason in summary["skipped"].items():
+        console.print(f"skipped {name}: {reason}")
+    if summary.get("plot"):
+        console.print(f"plot: {summary['plot']}")
     return summary

@@ -42,6 +42,14 @@ class KVCache:
         self.values = [v.index_select(0, rows) for v in self.values]
         self.lens = self.lens.index_select(0, rows)
 
+    def grow_to(self, length: int) -> None:
+        """Make room for positions < `length` (zero-padded). Proposer caches need it: a ragged feed
+        writes junk past each shorter row's tokens, and a draft that sat out steps has more to feed."""
+        if length > self.max_len:
+            extra = length - self.max_len
+            self.keys = [torch.nn.functional.pad(k, (0, 0, 0, extra)) for k in self.keys]
+            self.values = [torch.nn.functional.pad(v, (0, 0, 0, extra)) for v in self.values]
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
         """Store k, v [B, Hkv, T, D] at `positions` [B, T]."""
         rows = torch.arange(k.shape[0]).unsqueeze(1)  # [B, 1]

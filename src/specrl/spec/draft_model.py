@@ -60,6 +60,7 @@ class DraftModelProposer:
         columns = (self.synced.unsqueeze(1) + torch.arange(int(count.max()))).clamp_max(S - 1)
         feed = context.tokens.gather(1, columns).clamp_min(0)  # junk past a row's end may be PAD (-1)
         self.cache.lens = self.synced.clone()
+        self.cache.grow_to(int(self.synced.max()) + int(count.max()) + k)
         read = count - 1
         tokens, probs = [], []
         for _ in range(k):

@@ -29,23 +29,30 @@ from specrl.spec.suffix import SuffixProposer
 
 
 class AcceptanceEstimate:
-    """P(drafts 0..j all accepted) per position j, a moving average from observed leading matches."""
+    """P(drafts 0..j all accepted) per position j: a moving average of observed leading matches,
+    bias-corrected (the first observations are averaged plainly, so the prior fades at once)."""
 
     def __init__(self, k: int, prior: float, smoothing: float):
         self.prefix = [prior ** (j + 1) for j in range(k)]
+        self.seen = [0] * k
         self.smoothing = smoothing
 
     def expected(self, k: int) -> float:
         return sum(self.prefix[:k])
 
     def update(self, drafts: torch.Tensor, emitted: torch.Tensor, known: torch.Tensor) -> None:
-        """drafts [B, k]; emitted [B, k] the tokens that followed; known [B] how many of them exist."""
+        """drafts [B, k]; emitted [B, k] the tokens that followed; known [B] how many of them exist.
+
+        Example: drafts [[1, 2, 3], [1, 5, 3]], emitted [[1, 2, 9], [1, 2, 3]], known [3, 1]
+            -> position 0 saw 2 rows, both matched (1.0); position 1 saw row 0 (1.0); position 2 row 0 (0.0).
+        """
         matches = (drafts == emitted).long().cumprod(1)  # [B, k] 1 while all drafts so far matched
         for j in range(drafts.shape[1]):
             seen = known > j
             if seen.any():
-                rate = float(matches[seen, j].float().mean())
-                self.prefix[j] += self.smoothing * (rate - self.prefix[j])
+                self.seen[j] += 1
+                weight = max(self.smoothing, 1.0 / self.seen[j])
+                self.prefix[j] += weight * (float(matches[seen, j].float().mean()) - self.prefix[j])
 
 
 class HybridProposer:
@@ -98,23 +105,25 @@ class HybridProposer:
         self.cost[part] = seconds if previous is None else previous + self.smoothing * (seconds - previous)
         return proposal
 
-    def _rate(self, part: str, k: int, verify_seconds: float) -> float:
-        return (1.0 + self.estimates[part].expected(k)) / (verify_seconds + self.cost[part])
+    def choose(self, k: int, verify_seconds: float | None) -> str:
+        """"model" or "suffix": the larger expected tokens per second (the model until its cost is known)."""
+        if self.cost["model"] is None or verify_seconds is None or self.since_model >= self.explore_every:
+            return "model"
+        rate = {part: (1.0 + self.estimates[part].expected(k)) / (verify_seconds + self.cost[part])
+                for part in ("model", "suffix")}
+        return "model" if rate["model"] >= rate["suffix"] else "suffix"
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
         self._score_pending(context)
         suffix = self._timed("suffix", self.suffix_part, context, k)
         self.pending = [("suffix", suffix.tokens)]
         self.pending_start = context.num_tokens.clone()
-        verify = context.verify_seconds
-        use_model = (self.cost["model"] is None or verify is None or self.since_model >= self.explore_every
-                     or self._rate("model", k, verify) > self._rate("suffix", k, verify))
-        if not use_model:
+        part = self.choose(k, context.verify_seconds)
+        self.choices[part] += 1
+        if part == "suffix":
             self.since_model += 1
-            self.choices["suffix"] += 1
             return suffix
         self.since_model = 0
-        self.choices["model"] += 1
         proposal = self._timed("model", self.model_part, context, k)
         self.pending.append(("model", proposal.tokens))
         return proposal
