@@ -7,10 +7,12 @@ and K; `VLLMOptions` says how vLLM runs them. `speculative_config` builds vLLM's
     none      (no speculation)
     ngram     ngram          prompt_lookup_max = ngram_max_n, prompt_lookup_min = 1
     draft     draft_model    model = the draft checkpoint, draft_sample_method
+    eagle3    eagle3         model = the head's folder (specrl saves EAGLE-3 heads in vLLM's layout)
 
-`speculative_overrides` is merged on top, so any other vLLM key (or method, e.g.
-eagle3 or mtp with proposer=draft and draft=the head's folder) passes straight
-through. Acceptance rules that change the sampled distribution are refused unless
+mtp, suffix and hybrid are embedded-only and refused with the reason: vLLM's `mtp` method
+serves only architectures that ship an MTP model class (not Llama), and vLLM has no
+group-suffix proposer. `speculative_overrides` is merged on top, so any other vLLM key
+passes straight through. Acceptance rules that change the sampled distribution are refused unless
 `lossy_acceptance=True`: exactness is the product's promise.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from specrl.backends.base import BackendConfig
-from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
+from specrl.models.registry import draft_for, resolve_checkpoint
 
 # rejection_sample_method values that keep the target distribution exactly
 # ("block" is block verification, Sun et al. 2024, which is also lossless).
@@ -66,11 +68,19 @@ class VLLMOptions:
 
 
 def draft_checkpoint(config: BackendConfig) -> str:
-    """The draft folder for proposer=draft: `config.draft`, else the model's registered draft."""
-    name = config.draft or DRAFT_FOR.get(config.model)
+    """The draft (or head) folder: `config.draft`, else the model's registered one for the proposer."""
+    name = config.draft or draft_for(config.model, config.proposer)
     if name is None:
-        raise ValueError(f"proposer=draft needs a draft checkpoint for model {config.model!r}: set draft=PATH")
+        raise ValueError(f"proposer={config.proposer} needs a checkpoint for model {config.model!r}: set draft=PATH")
     return str(resolve_checkpoint(name))
+
+
+EMBEDDED_ONLY = {
+    "mtp": "vLLM's mtp method serves only architectures with an MTP model class (DeepSeek-V3, Qwen3-Next, MiMo, "
+           "...), not Llama",
+    "suffix": "vLLM has no group-suffix (sibling rollout) proposer",
+    "hybrid": "vLLM has no hybrid proposer",
+}
 
 
 def check_lossless(spec: dict, lossy_acceptance: bool) -> None:
@@ -89,8 +99,13 @@ def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | No
     if config.proposer == "none" or config.num_speculative_tokens == 0:
         return None
     spec: dict = {"num_speculative_tokens": config.num_speculative_tokens}
+    if config.proposer in EMBEDDED_ONLY:
+        raise ValueError(f"proposer={config.proposer} is not available with backend=vllm: "
+                         f"{EMBEDDED_ONLY[config.proposer]}; use backend=embedded")
     if config.proposer == "ngram":
         spec.update(method="ngram", prompt_lookup_max=config.ngram_max_n, prompt_lookup_min=1)
+    elif config.proposer == "eagle3":
+        spec.update(method="eagle3", model=draft_checkpoint(config))
     else:
         spec.update(method="draft_model", model=draft_checkpoint(config),
                     draft_sample_method=options.draft_sample_method)
