@@ -61,3 +61,22 @@ def test_a_draft_that_gets_better_is_noticed_while_speculation_is_off():
         controller.observe(8, k, cost(8, k), [round(8 * acceptance ** (i + 1)) for i in range(k)])
     assert set(chosen[20:60]) <= {0, 3} and chosen[20:60].count(3) <= 2  # one refresh per 32 steps off
     assert chosen[-20:] == [3] * 20
+
+
+def test_reported_proposer_time_is_modelled_apart_from_verification():
+    """Verification is memory-bound (flat in k); the proposer's reported time grows with k and B.
+    The controller must pick a k within 2% of the best tokens per second under the true costs
+    (k = 2..3 at batch 2; k = 0..1 at batch 32, where drafting barely pays)."""
+    verify = lambda b, k: 0.03 + 0.0002 * b * (k + 1)  # noqa: E731
+    draft = lambda b, k: k * (0.005 + 0.0004 * b)  # noqa: E731
+    acceptance = 0.7
+    for batch in (2, 32):
+        controller = SpeculationController(max_k=4)
+        for step in range(40):
+            k = controller.choose(batch)
+            controller.observe(batch, k, verify(batch, k) + draft(batch, k),
+                               [round(batch * acceptance ** (i + 1)) for i in range(k)], draft_seconds=draft(batch, k))
+        rate = [expected_tokens(k, [acceptance ** (i + 1) for i in range(k)]) / (verify(batch, k) + draft(batch, k))
+                for k in range(5)]
+        assert rate[controller.choose(batch)] >= 0.98 * max(rate)
+        assert abs(controller.draft_times.predict(batch, 3) - draft(batch, 3)) < 1e-4

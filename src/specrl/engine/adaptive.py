@@ -4,14 +4,16 @@ The choice maximises expected tokens per second:
 
     rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted)
 
-T(B, k), the wall time of a whole step (draft + verify + sampling + bookkeeping) with k
-drafts over B live rows, is a linear model fitted to every step run so far:
+T(B, k), the wall time of a whole step, is the sum of two linear models fitted to every
+step run so far, by least squares with exponential forgetting (recent steps weigh more):
 
-    T(B, k) = a + b * B * (k + 1)   +   k * (c + d * B)
-              verify B*(k+1) tokens       k draft passes over B rows
+    verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B     target pass over B*(k+1) tokens,
+                                                               sampling, bookkeeping
+    draft(B, k)  = k * (e + f * B)                             the proposer's own time, which the
+                                                               engine measures and reports per step
 
-by least squares with exponential forgetting (recent steps weigh more). A rollout
-drains through many batch sizes, so steps at one size inform the others.
+(when no proposer time is reported, verify absorbs it through its k terms). A rollout drains
+through many batch sizes, so steps at one size inform the others.
 P(first i+1 accepted) is the measured per-position acceptance, a moving average.
 
 Exploration: k = max_k and k = 0 are run while fewer than `min_samples` steps with
@@ -46,23 +48,28 @@ def step_features(batch: int, k: int) -> np.ndarray:
     return np.array([1.0, batch * (k + 1), k, k * batch])
 
 
-class StepTimeModel:
-    """Least squares fit of T(B, k) on `step_features`, forgetting old steps by `decay`."""
+def draft_features(batch: int, k: int) -> np.ndarray:
+    return np.array([k, k * batch])
 
-    def __init__(self, decay: float = 0.98, ridge: float = 1e-9):
-        self.decay, self.ridge = decay, ridge
-        self.xtx = np.zeros((4, 4))
-        self.xty = np.zeros(4)
+
+class StepTimeModel:
+    """Least squares fit of a time on `features(B, k)`, forgetting old steps by `decay`."""
+
+    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
+        self.decay, self.ridge, self.features = decay, ridge, features
+        n = len(features(1, 1))
+        self.xtx = np.zeros((n, n))
+        self.xty = np.zeros(n)
 
     def add(self, batch: int, k: int, seconds: float) -> None:
-        x = step_features(batch, k)
+        x = self.features(batch, k)
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
 
     def predict(self, batch: int, k: int) -> float:
         scale = np.trace(self.xtx) or 1.0
-        theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(4), self.xty)
-        return max(float(step_features(batch, k) @ theta), 1e-9)
+        theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(len(self.xty)), self.xty)
+        return max(float(self.features(batch, k) @ theta), 0.0)
 
 
 @dataclass
@@ -77,7 +84,8 @@ class SpeculationController:
     def __post_init__(self):
         if self.max_k < 0:
             raise ValueError(f"num_speculative_tokens (K) must be >= 0, got {self.max_k}")
-        self.times = StepTimeModel()
+        self.verify_times = StepTimeModel()
+        self.draft_times = StepTimeModel(features=draft_features)
         self.samples = [Counter() for _ in range(self.max_k + 1)]  # per k: steps per batch range
         self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
         self.off_streak = 0  # consecutive steps run with k = 0
@@ -94,11 +102,18 @@ class SpeculationController:
         if self.off_streak >= self.refresh_every:
             return self.max_k
         return max(range(self.max_k + 1),
-                   key=lambda k: expected_tokens(k, self.accept_prefix) / self.times.predict(batch, k))
+                   key=lambda k: expected_tokens(k, self.accept_prefix) / self.step_seconds(batch, k))
 
-    def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int]) -> None:
-        """Record one step: its wall time and, per draft position, how many rows accepted it."""
-        self.times.add(batch, k, seconds)
+    def step_seconds(self, batch: int, k: int) -> float:
+        """Predicted wall time of a step with k drafts over `batch` rows."""
+        return max(self.verify_times.predict(batch, k) + self.draft_times.predict(batch, k), 1e-9)
+
+    def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
+                draft_seconds: float = 0.0) -> None:
+        """Record one step: its wall time (of which `draft_seconds` inside the proposer) and, per
+        draft position, how many rows accepted it."""
+        self.verify_times.add(batch, k, seconds - draft_seconds)
+        self.draft_times.add(batch, k, draft_seconds)
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         self.samples[k][batch.bit_length()] += 1
         w = self.smoothing

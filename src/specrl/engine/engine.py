@@ -202,7 +202,7 @@ class RolloutEngine:
             num_tokens += keep_n
             done = stopped | (num_tokens - prompt_len >= params.max_tokens)
             step_seconds = time.perf_counter() - step_start
-            self.controller.observe(B, k, step_seconds, per_pos)
+            self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=step_draft)
             draft_seconds += step_draft
             verify_seconds = step_seconds - step_draft
             if done.any():
