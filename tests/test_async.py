@@ -84,8 +84,12 @@ def test_staleness_never_exceeds_the_bound_with_two_actors(tmp_path, local_ray):
     trainer = AsyncTrainer(config)
     summary = trainer.run()
     assert_within_bound(trainer, 1)
-    # the first window (2 steps of groups) is sent at version 0, so step 2 trains on version-0 groups
-    assert summary["staleness_histogram"].get("1", 0) >= trainer.P, (trainer.buffer.consumed, summary)
+    # The first window (2 steps of groups) is requested at version 0, but an actor that starts a
+    # request after the trainer published version 1 generates it with version 1: how many groups
+    # arrive stale is a race between actors and trainer, so only the bound is asserted, and every
+    # trained group is accounted to a staleness in 0..1.
+    assert sum(summary["staleness_histogram"].values()) == len(trainer.buffer.consumed)
+    assert set(summary["staleness_histogram"]) <= {"0", "1"}, summary["staleness_histogram"]
     stale_steps = [r for r in trainer.history if r["staleness_histogram"].get("1")]
     assert all(0 < r["train"]["is_weight"] for r in stale_steps)
     with open(tmp_path / "metrics.jsonl") as f:
