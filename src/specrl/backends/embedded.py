@@ -68,6 +68,7 @@ class EmbeddedBackend:
                      draft: dict[str, torch.Tensor] | None = None) -> None:
         self.engine.load_weights(policy, version)
         if draft is not None:
-            if not isinstance(self.proposer, DraftModelProposer):
+            part = self.proposer.model_part if isinstance(self.proposer, HybridProposer) else self.proposer
+            if not isinstance(part, DraftModelProposer):
                 raise ValueError("draft weights were sent, but this backend's proposer has no draft model")
-            self.proposer.model.load_weights(draft)
+            part.model.load_weights(draft)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specrl.backends.base import BackendConfig
 from specrl.commands.common import console, set_threads
 from specrl.pipeline.config import PRESETS, TrainConfig, load_config
 
@@ -18,8 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named starting config")
     p.add_argument("--config", default=None, help="JSON file of config values")
-    p.add_argument("--proposer", choices=["none", "ngram", "suffix", "draft"], default=None,
-                   help="shorthand for backend.proposer=...")
+    p.add_argument("--proposer", choices=list(BackendConfig.PROPOSERS), default=None,
+                   help="shorthand for backend.proposer=... (eagle3/mtp use the model's registered head, or backend.draft=PATH)")
     p.add_argument("--backend", choices=["embedded", "vllm"], default=None, help="shorthand for backend.backend=...")
     p.add_argument("--pipeline", choices=["sync", "async"], default=None, help="shorthand for pipeline.mode=...")
     p.add_argument("--ray-address", default=None, help="async: join this Ray cluster (default: a local Ray)")

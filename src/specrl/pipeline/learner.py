@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specrl.backends.embedded import load_tokenizer
-from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
+from specrl.models.registry import draft_for, resolve_checkpoint
 from specrl.pipeline.checkpoint import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.config import TrainConfig, config_to_dict
 from specrl.pipeline.groups import Group
@@ -41,8 +41,11 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str,
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         raise ValueError(f"--resume {run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
-    wants_draft = config.backend.proposer == "draft"
-    draft = (config.backend.draft or DRAFT_FOR.get(config.backend.model)) if wants_draft else None
+    kind = config.backend.model_draft  # draft | eagle3 | mtp | None
+    if kind in ("eagle3", "mtp") and config.draft.enabled:
+        raise ValueError(f"draft.enabled=true: online adaptation covers draft models, not {kind} heads "
+                         f"(they stay as trained); set draft.enabled=false to run with a frozen {kind} head")
+    draft = (config.backend.draft or draft_for(config.backend.model, kind)) if kind else None
     registered_draft = str(resolve_checkpoint(draft)) if draft else None
     if checkpoint is None:
         return None, str(resolve_checkpoint(config.backend.model)), registered_draft
