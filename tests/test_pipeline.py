@@ -34,8 +34,12 @@ def small_config(tmp_path, *extra):
     return load_config("tiny", overrides=SMALL + [f"run.run_dir={tmp_path}"] + list(extra))
 
 
-def test_rollout_logprobs_match_the_trainer_during_training(tmp_path):
-    trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", "backend.proposer=draft"))
+@pytest.mark.parametrize("proposer", [["backend.proposer=draft"],
+                                      ["backend.proposer=eagle3", "draft.enabled=false"],
+                                      ["backend.proposer=hybrid", "backend.hybrid_model=mtp", "draft.enabled=false"]],
+                         ids=["draft", "eagle3", "hybrid-mtp"])
+def test_rollout_logprobs_match_the_trainer_during_training(tmp_path, proposer):
+    trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", *proposer))
     summary = trainer.run()
     for record in trainer.history:
         assert record["train"]["logprob_abs_error_max"] < 1e-4
@@ -106,6 +110,11 @@ def test_killed_run_resumes_and_matches_the_uninterrupted_run(tmp_path):
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["resumed_from"] in (2, 4) and summary["steps_run"] == 6 - summary["resumed_from"]
     assert read_rewards(killed) == read_rewards(reference)
+
+
+def test_online_adaptation_of_a_head_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="not eagle3 heads.*set draft.enabled=false"):
+        SyncTrainer(small_config(tmp_path, "backend.proposer=eagle3"))
 
 
 def test_unknown_config_key_is_named():
