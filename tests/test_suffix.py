@@ -3,7 +3,7 @@ import torch
 
 from specrl.engine.sampling import SamplingParams
 from specrl.spec.proposer import ProposalContext
-from specrl.spec.suffix import GroupIndex, SuffixProposer
+from specrl.spec.suffix import GroupIndex, SuffixConfig, SuffixProposer
 
 
 def test_lookup_proposes_what_followed_the_tail_in_a_sibling():
@@ -46,3 +46,22 @@ def test_proposer_keeps_finished_siblings_and_indexes_new_tokens():
     tokens = torch.tensor([[5, 6, 7, 8, 0, 0]])
     later = ProposalContext(tokens, torch.tensor([4]), SamplingParams(), None, 10, groups=torch.tensor([0]))
     assert proposer.propose(later, 2).tokens.tolist() == [[9, 9]]  # the finished sibling's continuation, padded
+
+
+def test_a_prompt_seen_in_an_earlier_call_drafts_from_its_earlier_rollouts(target_dir):
+    """Greedy decoding repeats itself exactly, so the second call's drafts, taken from the first
+    call's rollout of the same prompt, are right until that rollout's last indexed token."""
+    from specrl.engine.engine import EngineConfig, RolloutEngine
+    from specrl.engine.model import LlamaModel
+
+    engine = RolloutEngine(LlamaModel.from_pretrained(target_dir), proposer=SuffixProposer(),
+                           config=EngineConfig(num_speculative_tokens=3, adaptive=False))
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    first = engine.generate([[11, 17, 25, 33]], params)
+    second = engine.generate([[11, 17, 25, 33]], params)
+    assert second.completions[0].token_ids == first.completions[0].token_ids
+    assert second.spec.acceptance_rate > 0.8 > first.spec.acceptance_rate
+    forgetful = RolloutEngine(engine.model, proposer=SuffixProposer(SuffixConfig(remember=0)),
+                              config=EngineConfig(num_speculative_tokens=3, adaptive=False))
+    forgetful.generate([[11, 17, 25, 33]], params)
+    assert forgetful.generate([[11, 17, 25, 33]], params).spec.acceptance_rate == first.spec.acceptance_rate

@@ -8,6 +8,11 @@ response so far (live or finished), and its own earlier tokens. It proposes the
 tokens that followed the match. The proposal is deterministic (q one-hot), costs no
 model call, and goes through the same exact verifier as every other draft.
 
+Optionally (`SuffixConfig.remember`), the store also holds the same prompt's rollouts from
+earlier generate() calls (RhymeRL's observation: a prompt's rollouts in one epoch resemble
+the next epoch's): at each call's start the previous call's groups are filed under their
+prompt's tokens, and a group whose prompt was seen before starts with those sequences.
+
 The store is an n-gram index per group, `{(n-gram): [(sequence, end), ...]}`, updated
 incrementally with the tokens each step emits, so a lookup costs O(max_n) dict probes.
 Among matches of the longest n, the one with the longest continuation wins (siblings
@@ -15,7 +20,7 @@ that already got further are the best guides); ties go to the most recent.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +33,14 @@ from specrl.spec.proposer import Proposal, ProposalContext, one_hot_proposal
 class SuffixConfig:
     max_n: int = 6  # longest tail to match
     min_n: int = 2  # shortest tail to match (1 matches too eagerly)
+    remember: int = 256  # distinct prompts whose rollouts are kept across calls (least recently seen go); 0 = none
+    per_prompt: int = 16  # earlier sequences kept per remembered prompt
 
     def __post_init__(self):
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError(f"SuffixConfig needs 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
+        if self.remember < 0 or self.per_prompt < 1:
+            raise ValueError(f"SuffixConfig needs remember >= 0 and per_prompt >= 1, got {self.remember}, {self.per_prompt}")
 
 
 class GroupIndex:
@@ -81,8 +90,25 @@ class SuffixProposer:
 
     def __init__(self, config: SuffixConfig = SuffixConfig()):
         self.config = config
+        self.memory: OrderedDict[tuple, list[list[int]]] = OrderedDict()  # prompt tokens -> earlier sequences
+        self.groups: dict[int, GroupIndex] = {}
+        self.prompt_keys: list[tuple] = []
+
+    def _remember(self) -> None:
+        """File the finished call's sequences under their prompts (a group's store begins with the
+        earlier sequences it was seeded with, so the newest `per_prompt` of it are kept)."""
+        for group, index in self.groups.items():
+            key = self.prompt_keys[group]
+            self.memory.pop(key, None)  # re-inserted last: the most recently seen prompt
+            self.memory[key] = index.sequences[-self.config.per_prompt:]
+        while len(self.memory) > self.config.remember:
+            self.memory.popitem(last=False)
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
+        """Called with one row per distinct prompt (before the rows are repeated n times)."""
+        if self.config.remember:
+            self._remember()
+        self.prompt_keys = [tuple(row[:n]) for row, n in zip(tokens.tolist(), num_tokens.tolist())]
         self.groups: dict[int, GroupIndex] = {}
         self.row_seq: list[tuple[int, int]] = []  # live row -> (group, sequence id)
         self.indexed: list[int] = []  # live row -> tokens of its history already indexed
@@ -101,7 +127,11 @@ class SuffixProposer:
         lengths = context.num_tokens.tolist()
         if not self.row_seq:
             for row, group in enumerate(context.groups.tolist()):
-                index = self.groups.setdefault(group, GroupIndex(self.config.min_n, self.config.max_n))
+                if group not in self.groups:
+                    self.groups[group] = GroupIndex(self.config.min_n, self.config.max_n)
+                    for earlier in self.memory.get(self.prompt_keys[group], []):
+                        self.groups[group].new_sequence(earlier)
+                index = self.groups[group]
                 self.row_seq.append((group, index.new_sequence(histories[row][:lengths[row]])))
                 self.indexed.append(lengths[row])
             return
