@@ -25,7 +25,7 @@ class RolloutBenchConfig:
     """One benchmark: a model, a proposer and a batch, speculation off vs on."""
 
     model: str = "tiny"  # tiny | smollm2-135m | a checkpoint directory
-    proposer: str = "draft"  # the speculative variant: ngram | draft
+    proposer: str = "draft"  # the speculative variant: ngram | suffix | draft | eagle3 | mtp | hybrid
     draft: str | None = None  # draft checkpoint; None = the model's registered draft
     backend: str = "embedded"
     batch: int = 4  # rows per call: prompts x n
@@ -44,7 +44,8 @@ class RolloutBenchConfig:
         if self.batch % self.n:
             raise ValueError(f"batch {self.batch} must be a multiple of n {self.n} (batch = prompts x n)")
         if self.proposer == "none":
-            raise ValueError("proposer must name the speculative variant (ngram or draft); 'none' is always the baseline")
+            raise ValueError("proposer must name the speculative variant (ngram, suffix, draft, eagle3, mtp, hybrid); "
+                             "'none' is always the baseline")
 
 
 def bench_prompts(model: str, tokenizer, count: int, seed: int) -> list[str]:
@@ -138,6 +139,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "tokens_per_s_hf": hf_rate, "base_vs_hf": base_rate / hf_rate if hf_rate else None,
         "acceptance_length": stats.acceptance_length, "acceptance_rate": stats.acceptance_rate,
         "acceptance_per_pos": stats.acceptance_per_pos, "k_histogram": dict(sorted(k_hist.items())),
+        "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
         "mean_response_tokens": statistics.mean(len(c.token_ids) for r in runs["base"] for c in r.completions),
