@@ -4,10 +4,17 @@ One module covers Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNor
 and SmolLM2 (Llama with tied embeddings). Projections are fused (qkv, gate+up) so
 one decode step is a handful of matmuls per layer. fp32 throughout, inference only.
 
-Weights are kept transposed, [in, out] contiguous, and applied as `x @ w`: for the
-few-token matmuls of decoding and verification (M = B*(K+1) rows) MKL runs this
-layout up to 2x faster than `F.linear` on [out, in] (measured on this CPU: a
-576x3072 projection at M = 8 takes 0.34 ms vs 0.74 ms; the 576x49152 head 20 vs 31 ms).
+Each projection keeps its weight in both layouts (`Projection`) and applies it with the
+kernel that streams it fastest for the row count at hand. Decoding and verification
+multiply a few rows (M = B*(K+1)) by weights read from DRAM, where the kernels differ a
+lot (this CPU, 1 thread, 40 projections of 576x3072 streamed from memory, ms):
+
+    rows M                       1      2      3      4      8
+    x @ W_t  (W_t [in, out])   18.0   29.7   32.3   35.8   48.2
+    F.linear (W  [out, in])    21.0   22.4   24.1   40.7   52.8
+
+so M = 2..3 (k = 1..2 drafts at batch 1, or plain decoding at batch 2..3) use F.linear and
+every other M uses x @ W_t. The price is twice the weight memory.
 """
 from __future__ import annotations
 
@@ -21,10 +28,21 @@ from specrl.engine.checkpoint import ModelConfig, load_config, load_state_dict
 from specrl.engine.kv_cache import KVCache
 
 
-def linear_t(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w_t (+ bias) with w_t the transposed [in, out] weight."""
-    y = x @ w_t
-    return y + bias if bias is not None else y
+class Projection:
+    """y = x W^T (+ bias) for W [out, in], kept in both layouts (see the module docstring)."""
+
+    ROWS_FOR_LINEAR = (2, 3)
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight = weight.contiguous()  # [out, in]
+        self.weight_t = weight.t().contiguous()  # [in, out]
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // x.shape[-1] in self.ROWS_FOR_LINEAR:
+            return F.linear(x, self.weight, self.bias)
+        y = x @ self.weight_t
+        return y + self.bias if self.bias is not None else y
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,7 +108,7 @@ class LlamaModel:
         head = self.embed if head is None and cfg.tie_word_embeddings else head
         if head is None:
             raise ValueError(f"{self.source}: checkpoint is missing tensor 'lm_head.weight'")
-        self.lm_head_t = head.t().contiguous()  # [H, V_out]
+        self.lm_head = Projection(head)  # [V_out, H]
         self.final_norm = get("model.norm.weight")
         self.d2t = state.get("d2t")  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
         if cfg.draft_vocab_size and self.d2t is None:
@@ -102,14 +120,13 @@ class LlamaModel:
             bias = [opt(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
             self.layers.append({
                 "attn_norm": get(p + "input_layernorm.weight"),
-                "qkv": torch.cat(qkv, 0).t().contiguous(),
-                "qkv_bias": torch.cat(bias, 0) if all(b is not None for b in bias) else None,
-                "o": get(p + "self_attn.o_proj.weight").t().contiguous(),
+                "qkv": Projection(torch.cat(qkv, 0), torch.cat(bias, 0) if all(b is not None for b in bias) else None),
+                "o": Projection(get(p + "self_attn.o_proj.weight")),
                 "q_norm": opt(p + "self_attn.q_norm.weight"),
                 "k_norm": opt(p + "self_attn.k_norm.weight"),
                 "mlp_norm": get(p + "post_attention_layernorm.weight"),
-                "gate_up": torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0).t().contiguous(),
-                "down": get(p + "mlp.down_proj.weight").t().contiguous(),
+                "gate_up": Projection(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0)),
+                "down": Projection(get(p + "mlp.down_proj.weight")),
             })
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -142,7 +159,7 @@ class LlamaModel:
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-            qkv = linear_t(h, w["qkv"], w["qkv_bias"])  # [B, T, (nq + 2 nkv) d]
+            qkv = w["qkv"](h)  # [B, T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(B, T, nq, d)
             k = k.view(B, T, nkv, d)
@@ -154,13 +171,13 @@ class LlamaModel:
             cache.write(i, k, v, positions)
             keys, values = cache.keys[i][:, :, :span], cache.values[i][:, :, :span]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nq != nkv)
-            x = x + linear_t(attn.transpose(1, 2).reshape(B, T, nq * d), w["o"])
+            x = x + w["o"](attn.transpose(1, 2).reshape(B, T, nq * d))
             h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-            gate, up = linear_t(h, w["gate_up"]).chunk(2, dim=-1)
-            x = x + linear_t(F.silu(gate) * up, w["down"])
+            gate, up = w["gate_up"](h).chunk(2, dim=-1)
+            x = x + w["down"](F.silu(gate) * up)
             if i in hidden_layers:
                 hidden[i] = x
         x = rms_norm(x, self.final_norm, c.rms_norm_eps)
         if -1 in hidden_layers:
             hidden[-1] = x
-        return linear_t(x, self.lm_head_t), hidden
+        return self.lm_head(x), hidden

@@ -170,7 +170,7 @@ def collect_rollouts(target: LlamaModel, tokenizer, prompts: list[str], layers: 
             prompt = tokenizer.encode(chunk[slot], add_special_tokens=False)
             ids = torch.tensor(prompt + completion.token_ids)
             feats = recorder.features(slot, len(ids) - 1)
-            p = torch.softmax(feats[-1][len(prompt) - 1:].float() @ target.lm_head_t, dim=-1)  # [R, V]
+            p = torch.softmax(target.lm_head(feats[-1][len(prompt) - 1:].float()), dim=-1)  # [R, V]
             soft += p.sum(0, dtype=torch.float64)
             values, indices = p.topk(min(config.top_k, p.shape[-1]), dim=-1)
             out.ids.append(ids)
@@ -237,7 +237,7 @@ def _chain_terms(head: DraftHead, rollouts: Rollouts, idx: list[int], config: Tr
 
 def _full_p(target: LlamaModel, rollouts: Rollouts) -> list[torch.Tensor]:
     """Held-out: p over the whole vocabulary at every response-predicting position, [R, V] each."""
-    return [torch.softmax(f[-1][L - 1:].float() @ target.lm_head_t, dim=-1)
+    return [torch.softmax(target.lm_head(f[-1][L - 1:].float()), dim=-1)
             for f, L in zip(rollouts.features, rollouts.prompt_lens)]
 
 

@@ -88,7 +88,7 @@ class Eagle3Head(DraftHead):
             head.fc.weight.zero_()
             head.fc.weight[:, -H:] = torch.eye(H)
             head.norm.weight.copy_(target.final_norm)
-            rows = target.lm_head_t.t()
+            rows = target.lm_head.weight
             head.lm_head.weight.copy_(rows if d2t is None else rows[d2t])
         head.d2t = d2t
         return head

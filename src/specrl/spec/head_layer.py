@@ -80,14 +80,14 @@ class DraftDecoderLayer(nn.Module):
         column .. column+H (the rest start at zero)."""
         nq, nkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         H = self.o_proj.weight.shape[0]
-        for proj, src in zip((self.q_proj, self.k_proj, self.v_proj), w["qkv"].t().split([nq, nkv, nkv], dim=0)):
+        for proj, src in zip((self.q_proj, self.k_proj, self.v_proj), w["qkv"].weight.split([nq, nkv, nkv], dim=0)):
             proj.weight.zero_()
             proj.weight[:, column:column + H] = src
-        self.o_proj.weight.copy_(w["o"].t())
-        gate, up = w["gate_up"].t().chunk(2, dim=0)
+        self.o_proj.weight.copy_(w["o"].weight)
+        gate, up = w["gate_up"].weight.chunk(2, dim=0)
         self.gate_proj.weight.copy_(gate)
         self.up_proj.weight.copy_(up)
-        self.down_proj.weight.copy_(w["down"].t())
+        self.down_proj.weight.copy_(w["down"].weight)
         self.post_attention_layernorm.weight.copy_(w["mlp_norm"])
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -71,7 +71,7 @@ class MTPHead(DraftHead):
         return self.input_layernorm(x0), x0
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self.shared_head_norm(g) @ self.target.lm_head_t
+        return self.target.lm_head(self.shared_head_norm(g))
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
