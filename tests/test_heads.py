@@ -168,3 +168,27 @@ def test_training_on_the_targets_rollouts_raises_held_out_acceptance(tmp_path, k
     assert summary["after"]["tau_est"] > 1.6
     head = load_head(tmp_path / kind, LlamaModel.from_pretrained(resolve_checkpoint("tiny")), kind)
     assert head.kind == kind
+
+
+def test_hybrid_gives_rows_with_a_full_sibling_match_the_suffix_draft(target_dir):
+    """Mixing is per row: a row whose siblings supply all k tokens drafts them with a one-hot q;
+    the other rows keep the model's draft and its q."""
+    from specrl.spec.hybrid import HybridProposer
+    from specrl.spec.proposer import ProposalContext
+
+    target = LlamaModel.from_pretrained(target_dir)
+    hybrid = HybridProposer(HeadProposer(make_head("mtp", target)))
+    # rows 0 and 1 share a prompt; row 0 already wrote 7 8 9 after "5 6", row 1 is at "5 6"; row 2 is alone
+    tokens = torch.tensor([[1, 5, 6, 7, 8, 9, 0, 0, 0, 0], [1, 5, 6, 0, 0, 0, 0, 0, 0, 0], [2, 3, 0, 0, 0, 0, 0, 0, 0, 0]])
+    num_tokens = torch.tensor([6, 3, 2])
+    with torch.inference_mode():
+        _, hidden = target.forward(tokens, target.new_cache(3, 10), hidden_layers=(-1,))
+    hybrid.start(tokens, num_tokens, SamplingParams())
+    hybrid.observe({-1: hidden[-1][:, :5]}, torch.tensor([0, 0, 0]), num_tokens - 1, tokens)
+    context = ProposalContext(tokens, num_tokens, SamplingParams(), torch.Generator().manual_seed(0), 40,
+                              groups=torch.tensor([0, 0, 1]), verify_seconds=0.01)
+    proposal = hybrid.propose(context, 3)  # the model part runs first (its cost is unknown)
+    assert proposal.tokens[1].tolist() == [7, 8, 9]
+    assert torch.equal(proposal.probs[1], torch.nn.functional.one_hot(torch.tensor([7, 8, 9]), 40).float())
+    assert torch.allclose(proposal.probs[2].sum(-1), torch.ones(3))
+    assert proposal.probs[2].max() < 1.0  # row 2 kept the model's sampled draft distribution

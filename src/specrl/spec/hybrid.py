@@ -1,4 +1,5 @@
-"""A hybrid proposer: per step, a model draft or the group-suffix draft, whichever pays more.
+"""A hybrid proposer: per step, a model draft or the group-suffix draft, whichever pays more;
+and within a model-draft step, each row whose suffix lookup found all k tokens takes them.
 
 For a step with k drafts over B rows, part i is expected to yield
 
@@ -15,7 +16,10 @@ the recovered token differs from it: a row's leading matches between its drafts 
 emitted tokens are exactly its accepted drafts. The suffix draft is deterministic, so its
 chance of matching a target sample equals its acceptance probability: it is scored on every
 step, whichever part ran (positions past a row's emitted tokens are left out). The model
-part is scored when it runs, and runs at least every `explore_every` steps.
+part is scored on the rows where its draft ran, and runs at least every `explore_every` steps.
+
+Mixing rows keeps the step exact: each row's draft is verified against the distribution it
+came from (the model's q, or one-hot for a suffix row; `verify` takes q per row).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import time
 import torch
 
 from specrl.engine.sampling import SamplingParams
-from specrl.spec.proposer import Proposal, ProposalContext
+from specrl.spec.proposer import Proposal, ProposalContext, one_hot_proposal
 from specrl.spec.suffix import SuffixProposer
 
 
@@ -71,7 +75,7 @@ class HybridProposer:
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         self.model_part.start(tokens, num_tokens, params)
         self.suffix_part.start(tokens, num_tokens, params)
-        self.pending: list[tuple[str, torch.Tensor]] = []  # (part, drafts [B, k]) proposed last call
+        self.pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (part, drafts [B, k], rows it ran [B]) last call
         self.pending_start: torch.Tensor | None = None  # [B] num_tokens when they were proposed
         self.since_model = 0
 
@@ -79,7 +83,8 @@ class HybridProposer:
         self.model_part.select_rows(rows)
         self.suffix_part.select_rows(rows)
         if self.pending_start is not None:
-            self.pending = [(part, drafts.index_select(0, rows)) for part, drafts in self.pending]
+            self.pending = [(part, drafts.index_select(0, rows), scored.index_select(0, rows))
+                            for part, drafts, scored in self.pending]
             self.pending_start = self.pending_start.index_select(0, rows)
 
     def observe(self, hidden, start, count, tokens) -> None:
@@ -93,17 +98,17 @@ class HybridProposer:
         columns = (self.pending_start.unsqueeze(1) + torch.arange(k)).clamp_max(context.tokens.shape[1] - 1)
         emitted = context.tokens.gather(1, columns)
         known = (context.num_tokens - self.pending_start).clamp(0, k)
-        for part, drafts in self.pending:
-            self.estimates[part].update(drafts, emitted, known)
+        for part, drafts, scored in self.pending:
+            self.estimates[part].update(drafts, emitted, torch.where(scored, known, 0))
         self.pending, self.pending_start = [], None
 
-    def _timed(self, part: str, proposer, context: ProposalContext, k: int) -> Proposal:
+    def _timed(self, part: str, call):
         start = time.perf_counter()
-        proposal = proposer.propose(context, k)
+        result = call()
         seconds = time.perf_counter() - start
         previous = self.cost[part]
         self.cost[part] = seconds if previous is None else previous + self.smoothing * (seconds - previous)
-        return proposal
+        return result
 
     def choose(self, k: int, verify_seconds: float | None) -> str:
         """"model" or "suffix": the larger expected tokens per second (the model until its cost is known)."""
@@ -115,8 +120,10 @@ class HybridProposer:
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
         self._score_pending(context)
-        suffix = self._timed("suffix", self.suffix_part, context, k)
-        self.pending = [("suffix", suffix.tokens)]
+        found, last = self._timed("suffix", lambda: self.suffix_part.lookup(context, k))
+        suffix = one_hot_proposal(found, last, k)
+        every_row = torch.ones(len(found), dtype=torch.bool)
+        self.pending = [("suffix", suffix.tokens, every_row)]
         self.pending_start = context.num_tokens.clone()
         part = self.choose(k, context.verify_seconds)
         self.choices[part] += 1
@@ -124,6 +131,14 @@ class HybridProposer:
             self.since_model += 1
             return suffix
         self.since_model = 0
-        proposal = self._timed("model", self.model_part, context, k)
-        self.pending.append(("model", proposal.tokens))
-        return proposal
+        model = self._timed("model", lambda: self.model_part.propose(context, k))
+        full = torch.tensor([len(f) == k for f in found])  # [B] rows whose siblings supply all k tokens
+        self.pending.append(("model", model.tokens, ~full))
+        if not full.any():
+            return model
+        tokens = torch.where(full.unsqueeze(1), suffix.tokens, model.tokens)
+        probs = None
+        if model.probs is not None:  # a suffix row's q is one-hot on its drafts
+            one_hot = torch.nn.functional.one_hot(suffix.tokens, model.probs.shape[-1]).to(model.probs.dtype)
+            probs = torch.where(full.view(-1, 1, 1), one_hot, model.probs)
+        return Proposal(tokens=tokens, probs=probs)

@@ -139,8 +139,12 @@ class SuffixProposer:
             self.groups[group].extend(seq, histories[row][self.indexed[row]:lengths[row]])
             self.indexed[row] = lengths[row]
 
-    def propose(self, context: ProposalContext, k: int) -> Proposal:
+    def lookup(self, context: ProposalContext, k: int) -> tuple[list[list[int]], list[int]]:
+        """Per live row: the up-to-k tokens found, and the row's last token."""
         self._sync(context)
         found = [self.groups[group].lookup(seq, k) for group, seq in self.row_seq]
         last = [self.groups[group].sequences[seq][-1] for group, seq in self.row_seq]
-        return one_hot_proposal(found, last, k)
+        return found, last
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal:
+        return one_hot_proposal(*self.lookup(context, k), k)
