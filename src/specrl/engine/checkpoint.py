@@ -93,15 +93,19 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     )
 
 
-def load_config(checkpoint_dir: Path) -> ModelConfig:
+def read_config_json(checkpoint_dir: Path) -> dict:
+    """The raw config.json of a checkpoint folder; a missing or unparsable file is named."""
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{checkpoint_dir}: no config.json (not a Hugging Face checkpoint directory)")
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
-    return parse_config(raw, path)
+
+
+def load_config(checkpoint_dir: Path) -> ModelConfig:
+    return parse_config(read_config_json(checkpoint_dir), Path(checkpoint_dir) / "config.json")
 
 
 def weight_files(checkpoint_dir: Path) -> list[Path]:

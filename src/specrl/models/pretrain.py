@@ -14,10 +14,7 @@ Each model is written to a temporary folder and renamed into `out/tiny` and
 """
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +26,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel
 
 from specrl.models import arithmetic
 from specrl.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
+from specrl.models.checkpoint_io import save_atomically
 from specrl.models.distill import add_totals, agreement, distill_loss, mean_agreement
 from specrl.models.sequences import masked_mean, sample_responses, train_batch
 from specrl.models.tiny import EOS_ID, PAD_ID, TINY, TINY_DRAFT, TinyShape
@@ -194,18 +192,8 @@ def evaluate(target: PreTrainedModel, draft: PreTrainedModel | None, config: Pre
 
 def save_checkpoint(model: PreTrainedModel, out_dir: Path, max_length: int, extra: dict) -> None:
     """Write model (safetensors + config.json), tokenizer and a training summary, atomically."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        model.save_pretrained(tmp)
-        save_char_tokenizer(arithmetic.ALPHABET, tmp, max_length)
-        (tmp / "specrl_train.json").write_text(json.dumps(extra, indent=2, sort_keys=True) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_atomically(Path(out_dir), lambda tmp: (model.save_pretrained(tmp),
+                                                save_char_tokenizer(arithmetic.ALPHABET, tmp, max_length)), extra)
 
 
 def pretrain(config: PretrainConfig, out: Path) -> dict:

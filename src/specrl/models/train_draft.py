@@ -31,6 +31,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from specrl.models.checkpoint_io import save_atomically
+from specrl.models.fit import fit
 from specrl.models.reduced_vocab import build_draft, save_draft
 from specrl.models.sequences import left_pad, train_batch
 
@@ -205,41 +206,21 @@ def _metrics(draft, samples: Samples, d2t: torch.Tensor, t2d: torch.Tensor, micr
     return {k: v / max(positions, 1) for k, v in tot.items()}
 
 
-def _distil(draft, samples: Samples, d2t: torch.Tensor, t2d: torch.Tensor, config: TrainDraftConfig) -> float:
+def _distil(draft, samples: Samples, d2t: torch.Tensor, t2d: torch.Tensor, config: TrainDraftConfig) -> tuple[float, int]:
     """Soft cross-entropy training; returns (mean loss of the last 20 steps, steps taken)."""
     for p in draft.model.embed_tokens.parameters():
         p.requires_grad_(False)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    order = torch.Generator().manual_seed(config.seed + 7)
-    total = config.steps
+
+    def loss_of(idx: list[int]) -> torch.Tensor:
+        p = _flat_targets(samples, idx, d2t, t2d, full=False)
+        p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+        return -(p * _draft_logq(draft, samples, idx)).sum(-1).mean()
+
     draft.train()
-    start, recent, step = time.perf_counter(), [], 0
-    bar = tqdm(total=total, desc="distil draft", unit="step", dynamic_ncols=True)
-    while step < total and time.perf_counter() - start < config.train_seconds:
-        perm = torch.randperm(len(samples.prompts), generator=order).tolist()
-        for s in range(0, len(perm), config.micro_batch):
-            if step >= total or time.perf_counter() - start > config.train_seconds:
-                break
-            idx = perm[s : s + config.micro_batch]
-            p = _flat_targets(samples, idx, d2t, t2d, full=False)
-            p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
-            loss = -(p * _draft_logq(draft, samples, idx)).sum(-1).mean()
-            warm = min(1.0, (step + 1) / 10)
-            cosine = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step / max(total, 1), 1.0)))
-            for g in opt.param_groups:
-                g["lr"] = config.lr * warm * cosine
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            recent = (recent + [loss.item()])[-20:]
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
-    bar.close()
+    result = fit([p for p in draft.parameters() if p.requires_grad], loss_of, len(samples.prompts),
+                 config.micro_batch, config.steps, config.train_seconds, config.lr, config.seed + 7, "distil draft")
     draft.eval()
-    return sum(recent) / max(len(recent), 1), step
+    return result
 
 
 def train_draft(target_path: Path, out: Path, config: TrainDraftConfig) -> dict:

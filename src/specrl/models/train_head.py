@@ -27,6 +27,7 @@ from tqdm import tqdm
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
 from specrl.engine.sampling import SamplingParams
+from specrl.models.fit import fit
 from specrl.spec.draft_head import DraftHead
 from specrl.spec.eagle3 import Eagle3Head
 from specrl.spec.mtp import MTPHead
@@ -268,36 +269,18 @@ def evaluate(head: DraftHead, held: Rollouts, full_p: list[torch.Tensor], config
 
 def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config: TrainHeadConfig) -> tuple[float, int]:
     """Soft cross-entropy over chain depths; returns (mean loss of the last 20 steps, steps taken)."""
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    order = torch.Generator().manual_seed(config.seed + 7)
     weights = [config.depth_decay ** j for j in range(config.depth)]
+
+    def loss_of(idx: list[int]) -> torch.Tensor:
+        terms = _chain_terms(head, rollouts, idx, config, t2d)
+        return sum(w * -(p / p.sum(-1, keepdim=True).clamp_min(1e-12) * logq).sum(-1).mean()
+                   for w, (logq, p, _) in zip(weights, terms)) / sum(weights)
+
     head.train()
-    start, recent, step = time.perf_counter(), [], 0
-    bar = tqdm(total=config.steps, desc=f"train {head.kind}", unit="step", dynamic_ncols=True)
-    while step < config.steps and time.perf_counter() - start < config.train_seconds:
-        perm = torch.randperm(len(rollouts.ids), generator=order).tolist()
-        for s in range(0, len(perm), config.micro_batch):
-            if step >= config.steps or time.perf_counter() - start > config.train_seconds:
-                break
-            terms = _chain_terms(head, rollouts, perm[s:s + config.micro_batch], config, t2d)
-            loss = sum(w * -(p / p.sum(-1, keepdim=True).clamp_min(1e-12) * logq).sum(-1).mean()
-                       for w, (logq, p, _) in zip(weights, terms)) / sum(weights)
-            warm = min(1.0, (step + 1) / 10)
-            cosine = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step / config.steps, 1.0)))
-            for group in opt.param_groups:
-                group["lr"] = config.lr * warm * cosine
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            recent = (recent + [loss.item()])[-20:]
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
-    bar.close()
+    result = fit([p for p in head.parameters() if p.requires_grad], loss_of, len(rollouts.ids), config.micro_batch,
+                 config.steps, config.train_seconds, config.lr, config.seed + 7, f"train {head.kind}")
     head.eval()
-    return sum(recent) / max(len(recent), 1), step
+    return result
 
 
 def new_head(kind: str, target: LlamaModel, soft_counts: torch.Tensor, draft_vocab: int) -> DraftHead:

@@ -15,8 +15,12 @@ Shapes: B rows, T positions, H hidden size, S sequence length when training.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
 from specrl.engine.checkpoint import ModelConfig
@@ -69,6 +73,23 @@ class DraftHead(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.target.embed)
+
+    def write(self, out_dir: Path, state: dict[str, torch.Tensor], fields: dict) -> None:
+        """model.safetensors with `state`, and config.json: a one-layer Llama config of the head's
+        shape plus the kind's own `fields`."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(out_dir / "model.safetensors"))
+        c = self.cfg
+        config = {
+            "model_type": "llama", "specrl_head": self.kind, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size, "hidden_act": "silu",
+            **({"rope_scaling": c.rope_scaling} if c.rope_scaling else {}), **fields,
+        }
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.cfg

@@ -17,11 +17,9 @@ t2d [V] bool. No embed_tokens: vLLM then shares the target's, as this engine doe
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from specrl.engine.checkpoint import ModelConfig, load_state_dict, parse_config
@@ -93,32 +91,20 @@ class Eagle3Head(DraftHead):
         head.d2t = d2t
         return head
 
-    def save(self, out_dir: Path, extra_config: dict | None = None) -> None:
+    def save(self, out_dir: Path) -> None:
         """config.json + model.safetensors in vLLM's EAGLE-3 layout."""
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        c = self.cfg
-        state = {theirs: self.state_dict()[ours].detach().contiguous() for ours, theirs in _LAYER_NAMES.items()}
+        c, own = self.cfg, self.state_dict()
+        state = {theirs: own[ours].detach().contiguous() for ours, theirs in _LAYER_NAMES.items()}
         if self.d2t is not None:
             state["d2t"] = (self.d2t - torch.arange(len(self.d2t))).long()
             t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
             t2d[self.d2t] = True
             state["t2d"] = t2d
-        save_file(state, str(out_dir / "model.safetensors"))
-        config = {
-            "architectures": [ARCHITECTURE], "model_type": "llama", "specrl_head": self.kind,
-            "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
-            "vocab_size": c.vocab_size, "draft_vocab_size": c.output_vocab_size,
-            "target_hidden_size": c.hidden_size, "tie_word_embeddings": False, "hidden_act": "silu",
+        self.write(out_dir, state, {
+            "architectures": [ARCHITECTURE], "draft_vocab_size": c.output_vocab_size,
+            "target_hidden_size": c.hidden_size, "tie_word_embeddings": False,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True},
-            **(extra_config or {}),
-        }
-        if c.rope_scaling:
-            config["rope_scaling"] = c.rope_scaling
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+        })
 
     @classmethod
     def load(cls, head_dir: Path, raw: dict, target: LlamaModel) -> "Eagle3Head":

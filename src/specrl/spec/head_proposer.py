@@ -25,11 +25,11 @@ Drafts are sampled from q = the head's distribution under the call's sampling pa
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from specrl.engine.checkpoint import read_config_json
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel
 from specrl.engine.sampling import SamplingParams, sampling_distribution
@@ -44,13 +44,7 @@ HEAD_KINDS = {"eagle3": Eagle3Head, "mtp": MTPHead}
 def load_head(head_dir: str | Path, target: LlamaModel, kind: str | None = None) -> DraftHead:
     """Load a saved head for `target`; mismatched kind, vocabulary or width is an error that names it."""
     head_dir = Path(head_dir)
-    path = head_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{head_dir}: no config.json (not a draft head checkpoint)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    raw = read_config_json(head_dir)
     saved = raw.get("specrl_head") or ("eagle3" if "Eagle3" in "".join(raw.get("architectures") or []) else None)
     if saved not in HEAD_KINDS:
         raise ValueError(f"{head_dir}: not an EAGLE-3 or MTP head (architectures={raw.get('architectures')})")

@@ -20,11 +20,9 @@ without a `LlamaMTP` model class registered through a plugin.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from specrl.engine.checkpoint import ModelConfig, load_state_dict, parse_config
@@ -92,25 +90,12 @@ class MTPHead(DraftHead):
     def _prefix(self) -> str:
         return f"model.layers.{self.target.cfg.num_hidden_layers}."
 
-    def save(self, out_dir: Path, extra_config: dict | None = None) -> None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        c, own = self.cfg, self.state_dict()
-        save_file({self._prefix() + theirs: own[ours].detach().contiguous() for ours, theirs in _NAMES.items()},
-                  str(out_dir / "model.safetensors"))
-        config = {
-            "architectures": [ARCHITECTURE], "model_type": "llama", "specrl_head": self.kind,
-            "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "num_hidden_layers": 1, "num_nextn_predict_layers": 1,
-            "target_num_hidden_layers": self.target.cfg.num_hidden_layers, "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
-            "vocab_size": c.vocab_size, "tie_word_embeddings": True, "hidden_act": "silu",
-            **(extra_config or {}),
-        }
-        if c.rope_scaling:
-            config["rope_scaling"] = c.rope_scaling
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    def save(self, out_dir: Path) -> None:
+        own = self.state_dict()
+        self.write(out_dir, {self._prefix() + theirs: own[ours].detach().contiguous() for ours, theirs in _NAMES.items()}, {
+            "architectures": [ARCHITECTURE], "num_nextn_predict_layers": 1,
+            "target_num_hidden_layers": self.target.cfg.num_hidden_layers, "tie_word_embeddings": True,
+        })
 
     @classmethod
     def load(cls, head_dir: Path, raw: dict, target: LlamaModel) -> "MTPHead":
