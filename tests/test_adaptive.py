@@ -37,8 +37,8 @@ def test_memory_bound_verification_with_good_drafts_uses_the_largest_k():
 def test_compute_bound_verification_switches_speculation_off():
     # every verified token costs as much as a decoded one: speculation cannot pay at 50% acceptance
     chosen = run_controller(lambda b, k: 0.001 * b * (k + 1), acceptance=0.5, batches=list(range(63, 31, -1)))
-    # one power-of-two range: the only speculative steps are the 2 exploratory ones with k = 3
-    assert chosen[:4] == [3, 3, 0, 0] and set(chosen[4:36]) == {0}
+    # one power-of-two range: the only speculative steps are the exploratory ones (k = 3 twice, 1 and 2 once)
+    assert chosen[:6] == [3, 3, 0, 0, 1, 2] and set(chosen[6:36]) == {0}
 
 
 def test_draining_batch_turns_speculation_on_once_it_pays():
@@ -61,6 +61,15 @@ def test_a_draft_that_gets_better_is_noticed_while_speculation_is_off():
         controller.observe(8, k, cost(8, k), [round(8 * acceptance ** (i + 1)) for i in range(k)])
     assert set(chosen[20:60]) <= {0, 3} and chosen[20:60].count(3) <= 2  # one refresh per 32 steps off
     assert chosen[-20:] == [3] * 20
+
+
+def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():
+    """Verifying 2 rows costs about as much as 1 (small-row matmuls) and 4 rows twice as much:
+    a line through k = 0 and k = 3 (even through all four) prices k = 1 at ~57 ms and keeps
+    speculation off; its own measured offset shows it pays (tokens/s: k=0 23.3, k=1 27.7)."""
+    cost = {0: 0.043, 1: 0.045, 2: 0.080, 3: 0.090}  # seconds per step at one batch size
+    chosen = run_controller(lambda b, k: cost[k] + 0.002 * k, acceptance=0.3, batches=[10] * 40)
+    assert chosen[-10:] == [1] * 10
 
 
 def test_reported_proposer_time_is_modelled_apart_from_verification():

@@ -16,9 +16,14 @@ step run so far, by least squares with exponential forgetting (recent steps weig
 through many batch sizes, so steps at one size inform the others.
 P(first i+1 accepted) is the measured per-position acceptance, a moving average.
 
+The verify model also carries one indicator per k strictly between 0 and max_k: matmul
+kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
+weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
+would overprice the k in between; each k's own offset is learned instead.
+
 Exploration: k = max_k and k = 0 are run while fewer than `min_samples` steps with
-that k have seen a batch in the current one's power-of-two range; the model is linear
-in k, so the extremes pin down the k in between. Each range of the drain is measured
+that k have seen a batch in the current one's power-of-two range, and every k in
+between once per range. Each range of the drain is measured
 in a few steps, and one noisy step cannot decide for good. While speculation is off the
 acceptance estimate cannot move, so every `refresh_every`-th step in a row with k = 0
 runs k = max_k once: a draft that got better (or siblings that now agree) is noticed,
@@ -46,6 +51,13 @@ def expected_tokens(k: int, accept_prefix: list[float]) -> float:
 
 def step_features(batch: int, k: int) -> np.ndarray:
     return np.array([1.0, batch * (k + 1), k, k * batch])
+
+
+def verify_features(max_k: int):
+    """`step_features` plus an indicator for each k in 1..max_k-1."""
+    def features(batch: int, k: int) -> np.ndarray:
+        return np.concatenate([step_features(batch, k), [float(k == j) for j in range(1, max_k)]])
+    return features
 
 
 def draft_features(batch: int, k: int) -> np.ndarray:
@@ -84,19 +96,20 @@ class SpeculationController:
     def __post_init__(self):
         if self.max_k < 0:
             raise ValueError(f"num_speculative_tokens (K) must be >= 0, got {self.max_k}")
-        self.verify_times = StepTimeModel()
+        self.verify_times = StepTimeModel(features=verify_features(self.max_k))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = [Counter() for _ in range(self.max_k + 1)]  # per k: steps per batch range
         self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
         self.off_streak = 0  # consecutive steps run with k = 0
 
     def _unexplored(self, k: int, batch: int) -> bool:
-        return self.samples[k][batch.bit_length()] < self.min_samples
+        needed = self.min_samples if k in (0, self.max_k) else 1
+        return self.samples[k][batch.bit_length()] < needed
 
     def choose(self, batch: int) -> int:
         if not self.adaptive or self.max_k == 0:
             return self.max_k
-        for k in (self.max_k, 0):
+        for k in (self.max_k, 0, *range(1, self.max_k)):
             if self._unexplored(k, batch):
                 return k
         if self.off_streak >= self.refresh_every:
