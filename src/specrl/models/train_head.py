@@ -28,8 +28,8 @@ from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
 from specrl.engine.sampling import SamplingParams
 from specrl.models.fit import fit
-from specrl.spec.draft_head import DraftHead
-from specrl.spec.eagle3 import Eagle3Head
+from specrl.spec.draft_head import DraftHead, default_aux_layers
+from specrl.spec.eagle3 import Eagle3Head, engine_layers
 from specrl.spec.mtp import MTPHead
 
 REASONING_TASKS = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
@@ -305,8 +305,8 @@ def train_head(target_name: str, target_dir, out, config: TrainHeadConfig) -> di
         torch.manual_seed(config.seed)
         tokenizer = load_tokenizer(target_dir)
         target = LlamaModel.from_pretrained(target_dir)
-        probe = new_head(config.kind, target, torch.ones(target.cfg.vocab_size), 0)  # which layers it reads
-        layers = probe.hidden_layers
+        layers = (MTPHead.hidden_layers if config.kind == "mtp"
+                  else engine_layers(default_aux_layers(target.cfg.num_hidden_layers)))  # what the head reads
         held, _ = collect_rollouts(target, tokenizer, task_prompts(target_name, tokenizer, config.held_out_prompts,
                                                                    config.seed + 1000),
                                    layers, config, config.seed + 1000, None, "sample held-out")

@@ -45,6 +45,11 @@ _LAYER_NAMES = {  # our parameter name -> vLLM's midlayer.* name
 }
 
 
+def engine_layers(aux_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """vLLM's aux layer ids (the stream entering layer j) -> the engine's `hidden_layers` (layer j-1's output)."""
+    return tuple(sorted({j - 1 for j in aux_layers}))
+
+
 class Eagle3Head(DraftHead):
     kind = "eagle3"
 
@@ -52,7 +57,7 @@ class Eagle3Head(DraftHead):
         super().__init__(cfg, target, in_features=2 * cfg.hidden_size)
         H = cfg.hidden_size
         self.aux_layers = tuple(aux_layers)  # vLLM numbering
-        self.hidden_layers = tuple(sorted({j - 1 for j in self.aux_layers}))
+        self.hidden_layers = engine_layers(self.aux_layers)
         self.fc = nn.Linear(len(self.aux_layers) * H, H, bias=False)
         self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)

@@ -70,7 +70,6 @@ class HybridProposer:
                           "suffix": AcceptanceEstimate(max_k, 0.3, smoothing)}
         self.cost = {"model": None, "suffix": 0.0}  # seconds per propose(), moving averages
         self.smoothing, self.explore_every = smoothing, explore_every
-        self.choices = {"model": 0, "suffix": 0}
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         self.model_part.start(tokens, num_tokens, params)
@@ -126,7 +125,6 @@ class HybridProposer:
         self.pending = [("suffix", suffix.tokens, every_row)]
         self.pending_start = context.num_tokens.clone()
         part = self.choose(k, context.verify_seconds)
-        self.choices[part] += 1
         if part == "suffix":
             self.since_model += 1
             return suffix
