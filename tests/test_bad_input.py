@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import save_random_checkpoint
+from helpers import save_random_checkpoint
 from specrl.backends import BackendConfig
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
-from specrl.engine.sampling import SamplingParams
-from specrl.spec.draft_model import DraftModelProposer
+from specrl.sampling import SamplingParams
+from specrl.speculation.draft_model import DraftModelProposer
 
 
 @pytest.fixture

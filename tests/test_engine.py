@@ -15,19 +15,19 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import save_random_checkpoint
+from helpers import save_random_checkpoint
 from specrl.engine.adaptive import SpeculationController
-from specrl.engine.checkpoint import load_state_dict
+from specrl.models.checkpoint import load_state_dict
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
-from specrl.engine.sampling import SamplingParams
-from specrl.spec.draft_model import DraftModelProposer
-from specrl.spec.eagle3 import Eagle3Head
-from specrl.spec.head_proposer import HeadProposer
-from specrl.spec.hybrid import HybridProposer
-from specrl.spec.mtp import MTPHead
-from specrl.spec.ngram import NgramProposer
-from specrl.spec.suffix import SuffixProposer
+from specrl.sampling import SamplingParams
+from specrl.speculation.draft_model import DraftModelProposer
+from specrl.speculation.eagle3 import Eagle3Head
+from specrl.speculation.head_proposer import HeadProposer
+from specrl.speculation.hybrid import HybridProposer
+from specrl.speculation.mtp import MTPHead
+from specrl.speculation.ngram import NgramProposer
+from specrl.speculation.suffix import SuffixProposer
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [7, 8], [9]]
 

@@ -15,14 +15,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import save_random_checkpoint
+from helpers import save_random_checkpoint
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
-from specrl.engine.sampling import SamplingParams
-from specrl.spec.eagle3 import Eagle3Head
-from specrl.spec.head_layer import chain_mask
-from specrl.spec.head_proposer import HeadProposer, load_head
-from specrl.spec.mtp import MTPHead
+from specrl.sampling import SamplingParams
+from specrl.speculation.eagle3 import Eagle3Head
+from specrl.speculation.head_layer import chain_mask
+from specrl.speculation.head_proposer import HeadProposer
+from specrl.speculation.registry import load_head
+from specrl.speculation.mtp import MTPHead
 
 
 def jittered(head):
@@ -72,7 +73,7 @@ def test_training_pass_equals_cached_drafting_element_by_element(target_dir, kin
 
 
 def test_recorder_collects_the_hidden_states_of_a_teacher_forced_forward(target_dir):
-    from specrl.models.train_head import HiddenStateRecorder
+    from specrl.speculation.hidden_recorder import HiddenStateRecorder
 
     target = LlamaModel.from_pretrained(target_dir)
     recorder = HiddenStateRecorder((0, -1))
@@ -122,7 +123,7 @@ def test_head_for_another_vocabulary_or_kind_is_refused(tmp_path, target_dir):
 
 
 def test_acceptance_estimate_counts_leading_matches_of_known_tokens():
-    from specrl.spec.hybrid import AcceptanceEstimate
+    from specrl.speculation.hybrid import AcceptanceEstimate
 
     estimate = AcceptanceEstimate(3, prior=0.5, smoothing=0.1)
     estimate.update(torch.tensor([[1, 2, 3], [1, 5, 3]]), torch.tensor([[1, 2, 9], [1, 2, 3]]), torch.tensor([3, 1]))
@@ -132,7 +133,7 @@ def test_acceptance_estimate_counts_leading_matches_of_known_tokens():
 
 
 def test_hybrid_picks_the_part_with_more_tokens_per_second(target_dir):
-    from specrl.spec.hybrid import HybridProposer
+    from specrl.speculation.hybrid import HybridProposer
 
     target = LlamaModel.from_pretrained(target_dir)
     hybrid = HybridProposer(HeadProposer(make_head("mtp", target)), explore_every=100)
@@ -155,7 +156,7 @@ def test_training_on_the_targets_rollouts_raises_held_out_acceptance(tmp_path, k
     expected acceptance of every chain depth rises by a wide margin (measured: ~0.1 -> ~0.7-0.8,
     tau_est ~1.1 -> 1.9-2.6 depending on thread timing of the sampled rollouts)."""
     from specrl.models.registry import resolve_checkpoint
-    from specrl.models.train_head import TrainHeadConfig, train_head
+    from specrl.training.head_training import TrainHeadConfig, train_head
 
     config = TrainHeadConfig(kind=kind, prompts=192, max_new_tokens=24, steps=120, held_out_prompts=32,
                              sample_seconds=300, train_seconds=300, threads=2)
@@ -173,8 +174,8 @@ def test_training_on_the_targets_rollouts_raises_held_out_acceptance(tmp_path, k
 def test_hybrid_gives_rows_with_a_full_sibling_match_the_suffix_draft(target_dir):
     """Mixing is per row: a row whose siblings supply all k tokens drafts them with a one-hot q;
     the other rows keep the model's draft and its q."""
-    from specrl.spec.hybrid import HybridProposer
-    from specrl.spec.proposer import ProposalContext
+    from specrl.speculation.hybrid import HybridProposer
+    from specrl.speculation.proposer import ProposalContext
 
     target = LlamaModel.from_pretrained(target_dir)
     hybrid = HybridProposer(HeadProposer(make_head("mtp", target)))

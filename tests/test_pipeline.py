@@ -18,12 +18,12 @@ import time
 import pytest
 import torch
 
-from specrl.engine.sampling import SamplingParams
+from specrl.sampling import SamplingParams
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import load_config
 from specrl.pipeline.sync import SyncTrainer
 from specrl.rl.trainer import token_logprobs
-from specrl.models.sequences import train_batch
+from specrl.rl.sequences import train_batch
 
 # fixed K: adaptive K reads wall-clock time, which would make the sampled tokens vary from run to run
 SMALL = ["rollout.prompts_per_step=4", "grpo.group_size=4", "rollout.max_tokens=12", "run.tensorboard=false",
@@ -135,7 +135,7 @@ def test_resume_without_a_checkpoint_says_so(tmp_path):
 
 
 def test_online_adaptation_of_a_reduced_vocabulary_draft_is_refused_by_name(tmp_path):
-    from specrl.engine.checkpoint import load_state_dict
+    from specrl.models.checkpoint import load_state_dict
     from specrl.rl.draft_adaptation import DraftAdaptConfig, DraftTrainer
     import shutil
     from safetensors.torch import save_file

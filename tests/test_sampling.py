@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specrl.engine.sampling import SamplingParams, sampling_distribution
+from specrl.sampling import SamplingParams, sampling_distribution
 
 LOGITS = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
 

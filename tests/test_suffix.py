@@ -1,9 +1,9 @@
 """The group-suffix index on hand-built cases."""
 import torch
 
-from specrl.engine.sampling import SamplingParams
-from specrl.spec.proposer import ProposalContext
-from specrl.spec.suffix import GroupIndex, SuffixConfig, SuffixProposer
+from specrl.sampling import SamplingParams
+from specrl.speculation.proposer import ProposalContext
+from specrl.speculation.suffix import GroupIndex, SuffixConfig, SuffixProposer
 
 
 def test_lookup_proposes_what_followed_the_tail_in_a_sibling():

@@ -15,8 +15,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specrl.spec import verify
-from specrl.spec.verify import acceptance_probs, recovery_probs
+from specrl.speculation import verify
+from specrl.speculation.verify import acceptance_probs, recovery_probs
 
 V = 5
 

@@ -1,8 +1,8 @@
 """The `specrl` command line: a thin layer over the library.
 
-Each subcommand lives beside the code it drives, in a module that exposes
-`register(subparsers)` (adds its parser and sets `func`) and a `run(args) -> dict`.
-Every long command shows progress and prints one JSON object as its last line.
+Each subcommand is a module of `specrl.commands` that exposes `register(subparsers)`
+(adds its parser and sets `func`) and a `run(args) -> dict`. Every long command shows
+progress on stderr and prints one JSON object as the last line of stdout.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ COMMAND_MODULES = (
     "specrl.commands.train",
     "specrl.commands.plot",
     "specrl.commands.bench",
-    "specrl.models.commands",
-    "specrl.sim.command",
+    "specrl.commands.simulate",
+    "specrl.commands.pretrain",
+    "specrl.commands.train_draft",
 )
 
 

@@ -2,7 +2,7 @@
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from specrl.models.arithmetic import ALPHABET
+from specrl.tasks.arithmetic import ALPHABET
 from specrl.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
 from specrl.models.registry import resolve_checkpoint
 

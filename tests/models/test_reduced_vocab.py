@@ -5,7 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specrl.models.reduced_vocab import build_draft, full_vocab_probs, load_draft, save_draft
+from helpers import load_reduced_draft as load_draft
+
+from specrl.models.reduced_vocab import build_draft, save_draft
+from specrl.speculation.proposer import to_target_vocab
 from specrl.models.registry import resolve_checkpoint
 
 
@@ -49,7 +52,7 @@ def test_save_then_load_round_trips_and_resolves(target, tmp_path):
 
 
 def test_q_is_zero_outside_the_draft_vocabulary_and_sums_to_one():
-    q = full_vocab_probs(torch.randn(3, 7), D2T, 64)
+    q = to_target_vocab(torch.randn(3, 7).softmax(-1), D2T, 64)
     torch.testing.assert_close(q.sum(-1), torch.ones(3))
     outside = torch.ones(64, dtype=torch.bool)
     outside[D2T] = False

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specrl.models.registry import ASSETS, DRAFT_FOR, cache_dir, resolve_checkpoint
+from specrl.models.registry import ASSETS, cache_dir, draft_for, resolve_checkpoint
 
 
 def _checkpoint(path, config=None):
@@ -18,7 +18,7 @@ def _checkpoint(path, config=None):
 def test_tiny_names_resolve_to_the_committed_assets():
     assert resolve_checkpoint("tiny") == (ASSETS / "tiny").resolve()
     assert resolve_checkpoint("tiny-draft") == (ASSETS / "tiny-draft").resolve()
-    assert DRAFT_FOR == {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+    assert {m: draft_for(m, "draft") for m in ("tiny", "smollm2-135m")} == {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
 
 
 def test_a_valid_path_resolves_to_itself(tmp_path):

@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from specrl.models import arithmetic
-from specrl.models.pretrain import PretrainConfig, evaluate, pretrain
-from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
+from specrl.tasks import arithmetic
+from specrl.training.pretraining import PretrainConfig, evaluate, pretrain
+from specrl.models.registry import draft_for, resolve_checkpoint
 from specrl.models.tiny import TINY_DRAFT
 
 
@@ -16,7 +16,7 @@ from specrl.models.tiny import TINY_DRAFT
 def models():
     torch.set_num_threads(1)
     target = AutoModelForCausalLM.from_pretrained(resolve_checkpoint("tiny")).eval()
-    draft = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(DRAFT_FOR["tiny"])).eval()
+    draft = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(draft_for("tiny", "draft"))).eval()
     return target, draft
 
 

@@ -2,7 +2,8 @@
 import argparse
 import json
 
-from specrl.sim import command
+from specrl import cli
+from specrl.commands import simulate as command
 
 
 def _last_json(capsys):
@@ -11,7 +12,7 @@ def _last_json(capsys):
 
 
 def test_seed_scenario_prints_json_with_speedups_and_errors_last(capsys):
-    assert command.main(["--scenario", "seed-8b-sync"]) == 0
+    assert cli.main(["simulate", "--scenario", "seed-8b-sync"]) == 0
     summary = _last_json(capsys)
     for key in ("scenario", "rollout_speedup", "step_speedup", "published", "error"):
         assert key in summary
@@ -19,14 +20,14 @@ def test_seed_scenario_prints_json_with_speedups_and_errors_last(capsys):
 
 
 def test_calibrate_reports_published_and_error_for_every_row(capsys):
-    assert command.main(["--scenario", "calibrate"]) == 0
+    assert cli.main(["simulate", "--scenario", "calibrate"]) == 0
     summary = _last_json(capsys)
     assert summary["scenario"] == "calibrate"
     assert set(summary["published"]) == set(summary["error"])
 
 
 def test_sweep_writes_a_speedup_plot(capsys, tmp_path):
-    assert command.main(["--scenario", "cpu-tiny", "--sweep", "k=1,3", "batch=1,8", "--plot-dir", str(tmp_path)]) == 0
+    assert cli.main(["simulate", "--scenario", "cpu-tiny", "--sweep", "k=1,3", "batch=1,8", "--plot-dir", str(tmp_path)]) == 0
     summary = _last_json(capsys)
     assert len(summary["sweep"]) == 4
     assert (tmp_path / "speedup_vs_batch.png").stat().st_size > 1000
@@ -40,4 +41,4 @@ def test_register_adds_a_simulate_subcommand_with_help():
 
 
 def test_bad_sweep_axis_is_an_error(capsys):
-    assert command.main(["--scenario", "cpu-tiny", "--sweep", "depth=3"]) == 1
+    assert cli.main(["simulate", "--scenario", "cpu-tiny", "--sweep", "depth=3"]) == 1

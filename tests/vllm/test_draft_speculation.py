@@ -23,7 +23,7 @@ pytest.importorskip("vllm.sampling_params", reason="needs the vllm extra: pip in
 
 from specrl.backends import BackendConfig, make_backend  # noqa: E402
 from specrl.backends.vllm import VLLMOptions  # noqa: E402
-from specrl.engine.sampling import SamplingParams  # noqa: E402
+from specrl.sampling import SamplingParams  # noqa: E402
 from vllm_fixtures import (PROMPTS, completion_means, copy_checkpoint, embedded, save_checkpoint,  # noqa: E402
                            state_dict, two_sample_z)
 

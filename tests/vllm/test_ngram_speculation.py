@@ -15,7 +15,7 @@ pytest.importorskip("vllm.sampling_params", reason="needs the vllm extra: pip in
 
 from specrl.backends import BackendConfig, make_backend  # noqa: E402
 from specrl.backends.vllm import VLLMOptions  # noqa: E402
-from specrl.engine.sampling import SamplingParams  # noqa: E402
+from specrl.sampling import SamplingParams  # noqa: E402
 from vllm_fixtures import PROMPTS, completion_means, embedded, save_checkpoint, two_sample_z  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -15,7 +15,7 @@ from specrl.backends.vllm import VLLMBackend, VLLMOptions  # noqa: E402
 from specrl.backends.vllm import backend as backend_module  # noqa: E402
 from specrl.backends.vllm.convert import finish_reason, to_vllm_sampling  # noqa: E402
 from specrl.backends.vllm.options import speculative_config  # noqa: E402
-from specrl.engine.sampling import SamplingParams  # noqa: E402
+from specrl.sampling import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -17,7 +17,7 @@ pytest.importorskip("vllm.sampling_params", reason="needs the vllm extra: pip in
 
 from specrl.backends import BackendConfig, make_backend  # noqa: E402
 from specrl.backends.vllm import VLLMOptions  # noqa: E402
-from specrl.engine.sampling import SamplingParams  # noqa: E402
+from specrl.sampling import SamplingParams  # noqa: E402
 from vllm_fixtures import (EOS, PROMPTS, embedded, reference_logprobs, save_checkpoint,  # noqa: E402
                            state_dict)
 

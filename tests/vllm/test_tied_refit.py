@@ -14,9 +14,9 @@ import transformers  # noqa: E402
 
 from specrl.backends import BackendConfig, make_backend  # noqa: E402
 from specrl.backends.vllm import VLLMOptions  # noqa: E402
-from specrl.engine.sampling import SamplingParams  # noqa: E402
+from specrl.sampling import SamplingParams  # noqa: E402
 from specrl.models.registry import resolve_checkpoint  # noqa: E402
-from specrl.models.sequences import train_batch  # noqa: E402
+from specrl.rl.sequences import train_batch  # noqa: E402
 from specrl.rl.trainer import sync_state_dict, token_logprobs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -10,10 +10,10 @@ import statistics
 
 import torch
 
-from conftest import save_random_checkpoint
+from helpers import save_random_checkpoint
 from specrl.backends import BackendConfig
 from specrl.backends.embedded import EmbeddedBackend
-from specrl.engine.sampling import SamplingParams, sampling_distribution
+from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.models.char_tokenizer import save_char_tokenizer
 
 # 4 special tokens (<pad>=0, <s>=1, </s>=2, <unk>=3) + 36 characters = the checkpoints' vocabulary of 40.

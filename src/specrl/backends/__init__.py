@@ -20,7 +20,7 @@ def make_backend(config: BackendConfig, vllm_options=None) -> Backend:
         from specrl.backends.vllm import VLLMBackend
 
         return VLLMBackend(config, vllm_options)
-    raise ValueError(f"unknown backend {config.backend!r}; choose one of {BackendConfig.BACKENDS}")
+    raise ValueError(f"unknown backend {config.backend!r}")
 
 
 __all__ = ["Backend", "BackendConfig", "make_backend"]

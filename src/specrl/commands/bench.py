@@ -1,12 +1,16 @@
-"""`specrl bench rollout` (speculation off vs on) and `specrl bench drafters` (every proposer on the
-same prompts): one process, variants alternating; each ends with one JSON line."""
+"""`specrl bench rollout` (speculation off vs on), `specrl bench drafters` (every proposer on the
+same prompts) and `specrl bench async` (async GRPO with speculation vs sync without): variants
+alternate and medians are reported; each ends with one JSON line."""
 from __future__ import annotations
 
 from rich.table import Table
 
-from specrl.bench.drafters import PROPOSERS, DraftersBenchConfig, run_drafters_bench
-from specrl.bench.rollout import RolloutBenchConfig, run_rollout_bench
+from specrl.bench.async_bench import AsyncBenchConfig, run_async_bench
+from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
+from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
+from specrl.speculation.registry import MODEL_DRAFTS, PROPOSER_NAMES
+from specrl.validation import choices
 
 
 def register(subparsers) -> None:
@@ -17,10 +21,10 @@ def register(subparsers) -> None:
                                      "and reports median tokens/s, acceptance and exactness checks.")
     d = RolloutBenchConfig()
     p.add_argument("--model", default=d.model, help="tiny | smollm2-135m | checkpoint dir (default: %(default)s)")
-    p.add_argument("--proposer", default=d.proposer, choices=list(PROPOSERS), help="speculative variant")
+    p.add_argument("--proposer", default=d.proposer, choices=PROPOSER_NAMES, help="speculative variant")
     p.add_argument("--draft", default=d.draft,
                    help="draft / eagle3 / mtp checkpoint (default: the model's registered one for the proposer)")
-    p.add_argument("--backend", default=d.backend, choices=["embedded", "vllm"])
+    p.add_argument("--backend", default=d.backend, choices=choices(RolloutBenchConfig, "backend"))
     p.add_argument("--batch", type=int, default=d.batch, help="rows per call = prompts x n (default: %(default)s)")
     p.add_argument("--n", type=int, default=d.n, help="samples per prompt, a GRPO group (default: %(default)s)")
     p.add_argument("--k", type=int, default=d.k, help="num_speculative_tokens, the most drafts per step")
@@ -42,12 +46,12 @@ def register(subparsers) -> None:
                                      "speedup against batch size, and ends with one JSON line. Proposers whose "
                                      "checkpoint is missing are skipped and named.")
     q.add_argument("--model", default=c.model, help="tiny | smollm2-135m | checkpoint dir (default: %(default)s)")
-    q.add_argument("--proposers", default=",".join(c.proposers), help="comma-separated subset of " + ",".join(PROPOSERS))
+    q.add_argument("--proposers", default=",".join(c.proposers), help="comma-separated subset of " + ",".join(PROPOSER_NAMES))
     q.add_argument("--batches", default=",".join(map(str, c.batches)), help="comma-separated batch sizes (default: %(default)s)")
     q.add_argument("--n", type=int, default=c.n, help="samples per prompt, capped at the batch (default: %(default)s)")
     q.add_argument("--k", type=int, default=c.k, help="num_speculative_tokens (default: %(default)s)")
     q.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
-    q.add_argument("--hybrid-model", default=c.hybrid_model, choices=["draft", "eagle3", "mtp"],
+    q.add_argument("--hybrid-model", default=c.hybrid_model, choices=MODEL_DRAFTS,
                    help="the model-draft half of the hybrid (default: %(default)s)")
     q.add_argument("--max-tokens", type=int, default=c.max_tokens)
     q.add_argument("--temperature", type=float, default=c.temperature)
@@ -56,6 +60,20 @@ def register(subparsers) -> None:
     q.add_argument("--plot", default=c.plot, help="PNG path for the speedup plot (default: %(default)s)")
     add_threads_flag(q)
     q.set_defaults(func=run_drafters)
+
+    a = AsyncBenchConfig()
+    r = kinds.add_parser("async", help="async GRPO with speculation vs sync GRPO without (whole runs, alternating)",
+                         description="Runs `specrl train --preset PRESET` twice per round as subprocesses, sync without "
+                                     "speculation and async (Ray rollout actors) with --proposer, alternating which goes "
+                                     "first. Reports the median ratio sync / async of the whole process's wall time and "
+                                     "of the training loop (less actor start-up), and the reward of each fifth of the runs.")
+    r.add_argument("--preset", default=a.preset, help="the run to compare (default: %(default)s)")
+    r.add_argument("--steps", type=int, default=a.steps, help="GRPO steps per run (default: %(default)s)")
+    r.add_argument("--rounds", type=int, default=a.rounds, help="rounds of both runs; medians reported")
+    r.add_argument("--proposer", default=a.proposer, choices=choices(AsyncBenchConfig, "proposer"),
+                   help="the async run's proposer (default: %(default)s)")
+    r.add_argument("--max-staleness", type=int, default=a.max_staleness, help="the async run's staleness bound")
+    r.set_defaults(func=run_async)
 
 
 def run(args) -> dict:
@@ -114,4 +132,14 @@ def run_drafters(args) -> dict:
         console.print(f"skipped {name}: {reason}")
     if summary.get("plot"):
         console.print(f"plot: {summary['plot']}")
+    return summary
+
+
+def run_async(args) -> dict:
+    config = AsyncBenchConfig(preset=args.preset, steps=args.steps, rounds=args.rounds, proposer=args.proposer,
+                              max_staleness=args.max_staleness)
+    with progress_bar(f"bench async {config.preset}", config.rounds) as update:
+        summary = run_async_bench(config, progress=update)
+    console.print(f"sync / async: whole process {summary['wall_ratio_median']:.2f}x, "
+                  f"training loop {summary['loop_ratio_median']:.2f}x")
     return summary

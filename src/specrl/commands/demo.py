@@ -10,7 +10,7 @@ import argparse
 
 from specrl.commands import train
 from specrl.commands.common import console
-from specrl.telemetry.plots import plot_run
+from specrl.telemetry.run_plots import plot_run
 
 
 def register(subparsers) -> None:

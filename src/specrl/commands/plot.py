@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from specrl.commands.common import console
-from specrl.telemetry.plots import plot_run
+from specrl.telemetry.run_plots import plot_run
 
 
 def register(subparsers) -> None:

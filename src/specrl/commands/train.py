@@ -6,7 +6,8 @@ from pathlib import Path
 
 from specrl.backends.base import BackendConfig
 from specrl.commands.common import console, set_threads
-from specrl.pipeline.config import PRESETS, TrainConfig, load_config
+from specrl.pipeline.config import PRESETS, PipelineConfig, TrainConfig, load_config
+from specrl.validation import choices
 
 
 def register(subparsers) -> None:
@@ -19,10 +20,11 @@ def register(subparsers) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named starting config")
     p.add_argument("--config", default=None, help="JSON file of config values")
-    p.add_argument("--proposer", choices=list(BackendConfig.PROPOSERS), default=None,
+    p.add_argument("--proposer", choices=choices(BackendConfig, "proposer"), default=None,
                    help="shorthand for backend.proposer=... (eagle3/mtp use the model's registered head, or backend.draft=PATH)")
-    p.add_argument("--backend", choices=["embedded", "vllm"], default=None, help="shorthand for backend.backend=...")
-    p.add_argument("--pipeline", choices=["sync", "async"], default=None, help="shorthand for pipeline.mode=...")
+    p.add_argument("--backend", choices=choices(BackendConfig, "backend"), default=None,
+                   help="shorthand for backend.backend=...")
+    p.add_argument("--pipeline", choices=choices(PipelineConfig, "mode"), default=None, help="shorthand for pipeline.mode=...")
     p.add_argument("--ray-address", default=None, help="async: join this Ray cluster (default: a local Ray)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue a killed run from its last checkpoint (uses the run's saved config)")

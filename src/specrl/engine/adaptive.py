@@ -94,8 +94,6 @@ class SpeculationController:
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
 
     def __post_init__(self):
-        if self.max_k < 0:
-            raise ValueError(f"num_speculative_tokens (K) must be >= 0, got {self.max_k}")
         self.verify_times = StepTimeModel(features=verify_features(self.max_k))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = [Counter() for _ in range(self.max_k + 1)]  # per k: steps per batch range

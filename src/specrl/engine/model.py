@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specrl.engine.checkpoint import ModelConfig, load_config, load_state_dict
+from specrl.models.checkpoint import ModelConfig, load_config, load_state_dict
 from specrl.engine.kv_cache import KVCache
 
 
@@ -64,6 +64,13 @@ def rope_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
 
 
+def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [P, D] of every position's RoPE angles (P = max_position_embeddings, D = head_dim)."""
+    angles = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), rope_inverse_frequencies(cfg))
+    angles = torch.cat([angles, angles], dim=-1)  # [P, D]
+    return angles.cos(), angles.sin()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE (the Hugging Face convention). x [B, H, T, D]; cos, sin [B, 1, T, D]."""
     half = x.shape[-1] // 2
@@ -78,10 +85,7 @@ class LlamaModel:
         self.cfg = cfg
         self.source = source
         self.load_weights(state)
-        inv = rope_inverse_frequencies(cfg)
-        angles = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv)
-        angles = torch.cat([angles, angles], dim=-1)  # [P, D]
-        self.rope_cos, self.rope_sin = angles.cos(), angles.sin()
+        self.rope_cos, self.rope_sin = rope_tables(cfg)
 
     @classmethod
     def from_pretrained(cls, checkpoint_dir: str | Path) -> "LlamaModel":

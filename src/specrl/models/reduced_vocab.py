@@ -23,8 +23,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from safetensors.torch import save_file
+from transformers import LlamaForCausalLM
 
 D2T_KEY = "d2t"
 
@@ -72,36 +72,3 @@ def save_draft(draft: LlamaForCausalLM, out_dir: Path) -> None:
     tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
     tensors[D2T_KEY] = getattr(draft, D2T_KEY).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-
-
-def load_draft(path: Path) -> LlamaForCausalLM:
-    """Load a reduced-vocabulary draft (no code runs: JSON + safetensors only).
-
-    The returned model's logits are [.., N]; its `d2t` buffer maps them to target ids.
-    """
-    path = Path(path)
-    config_dict = json.loads((path / "config.json").read_text())
-    n = config_dict.get("draft_vocab_size")
-    if n is None:
-        raise ValueError(f"{path}/config.json has no draft_vocab_size: not a reduced-vocabulary draft")
-    config = LlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "transformers_version")})
-    tensors = load_file(str(path / "model.safetensors"))
-    if D2T_KEY not in tensors:
-        raise ValueError(f"{path}/model.safetensors has no {D2T_KEY!r} tensor (draft-to-target id map)")
-    d2t = tensors.pop(D2T_KEY)
-    if d2t.numel() != n or tensors["lm_head.weight"].shape[0] != n:
-        raise ValueError(
-            f"{path}: draft_vocab_size {n} disagrees with d2t {tuple(d2t.shape)} "
-            f"or lm_head.weight {tuple(tensors['lm_head.weight'].shape)}"
-        )
-    model = LlamaForCausalLM(config)
-    _attach_reduced_head(model, d2t.long())
-    model.load_state_dict(tensors, strict=True)
-    return model.float().eval()
-
-
-def full_vocab_probs(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """q over the target vocabulary: softmax over the N draft logits [.., N], scattered to d2t -> [.., V]."""
-    q = torch.softmax(draft_logits.float(), dim=-1)
-    out = q.new_zeros(*q.shape[:-1], vocab_size)
-    return out.index_copy_(-1, d2t, q)

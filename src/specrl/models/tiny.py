@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from transformers import LlamaConfig
 
-from specrl.models.arithmetic import ALPHABET
+from specrl.tasks.arithmetic import ALPHABET
 from specrl.models.char_tokenizer import BOS, EOS, PAD, SPECIAL_TOKENS
 
 VOCAB_SIZE = len(SPECIAL_TOKENS) + len(ALPHABET)

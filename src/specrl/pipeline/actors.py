@@ -27,11 +27,11 @@ import torch
 from ray.exceptions import RayActorError
 
 from specrl.backends import make_backend
-from specrl.engine.sampling import SamplingParams
+from specrl.sampling import SamplingParams
 from specrl.pipeline.config import TrainConfig
-from specrl.pipeline.groups import Group, render_prompts, score_groups
+from specrl.pipeline.groups import Group, score_groups
 from specrl.pipeline.weights import VersionedWeights, adopt
-from specrl.rl.tasks import make_task
+from specrl.tasks import make_task, render_prompts
 from specrl.telemetry.spec_stats import SpecStats
 
 MAX_RESTARTS_PER_ACTOR = 3  # an actor that keeps dying (bad config, out of memory) stops the run instead
@@ -65,7 +65,7 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         self.config = config
         self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir))
-        self.task = make_task(config.task.name, config.task.size, config.task.seed, dict(config.task.difficulty))
+        self.task = make_task(config.task)
 
     def generate(self, request: RolloutRequest, weights: VersionedWeights) -> RolloutResult:
         cfg = self.config
@@ -77,7 +77,7 @@ class RolloutWorker:
         version = self.backend.version
         result = self.backend.generate(prompts, params)
         start = time.perf_counter()
-        groups = score_groups(self.task, tokenizer, request.first, problems, prompts, result.completions, version)
+        groups = score_groups(self.task, request.first, problems, result.completions, version)
         return RolloutResult(request, groups, result.spec, result.k_histogram, result.num_tokens,
                              {"weight_load": load_seconds, "generation": result.seconds,
                               "reward": time.perf_counter() - start})

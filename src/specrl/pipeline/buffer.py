@@ -17,7 +17,6 @@ or the buffer itself.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from specrl.pipeline.groups import Group
@@ -79,6 +78,3 @@ class StalenessBuffer:
         step = trainer_version + 1
         self.consumed += [Consumed(g.index, g.version, step) for g in batch]
         return batch
-
-    def staleness_histogram(self) -> dict[int, int]:
-        return dict(sorted(Counter(c.staleness for c in self.consumed).items()))

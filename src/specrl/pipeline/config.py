@@ -1,7 +1,7 @@
 """The training run's config: small per-component configs, presets, validated at load.
 
 A run is described by `TrainConfig`, built from a preset, then a JSON file, then
-`key=value` overrides with dotted keys (`grpo.group_size=4`, `rollout.proposer=ngram`).
+`key=value` overrides with dotted keys (`grpo.group_size=4`, `backend.proposer=ngram`).
 An unknown key or a bad value fails at load with a message naming it.
 """
 from __future__ import annotations
@@ -11,95 +11,78 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Literal
 
 from specrl.backends.base import BackendConfig
 from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.trainer import OptimConfig
+from specrl.tasks import TaskConfig, make_task, render_prompts
+from specrl.validation import check_fields, within
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    """Where prompts and rewards come from."""
-
-    name: str = "arithmetic"  # arithmetic (the tiny model's own task) or a reasoning-gym dataset name
-    size: int = 100_000  # problems generated
-    seed: int = 0
-    difficulty: dict = field(default_factory=dict)  # arithmetic: {"digits": 2, "ops": ["+"]}; reasoning-gym kwargs
-
-
-@dataclass(frozen=True)
-class RolloutSpec:
+class RolloutConfig:
     """Sampling for rollouts (the engine is chosen by `backend`)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 32
-    prompts_per_step: int = 8  # distinct prompts per step; each sampled grpo.group_size times
+    SECTION: ClassVar[str] = "rollout"
+
+    temperature: float = within(1.0, "(0, inf)")  # > 0: RL needs sampled rollouts
+    top_p: float = within(1.0, "(0, 1]")
+    max_tokens: int = within(32, "[1, inf)")
+    prompts_per_step: int = within(8, "[1, inf)")  # distinct prompts per step; each sampled grpo.group_size times
 
     def __post_init__(self):
-        if self.temperature <= 0:
-            raise ValueError(f"rollout.temperature must be > 0 for RL, got {self.temperature}")
-        if self.prompts_per_step < 1 or self.max_tokens < 1:
-            raise ValueError("rollout.prompts_per_step and rollout.max_tokens must be >= 1")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class RunConfig:
     """How long, where, and how often to save."""
 
-    steps: int = 50
+    SECTION: ClassVar[str] = "run"
+
+    steps: int = within(50, "[1, inf)")
     seed: int = 0
     run_dir: str = "runs/latest"
-    checkpoint_every: int = 10  # steps between checkpoints (and always at the end); 0 = only at the end
-    threads: int | None = None  # torch CPU threads; None = all cores
+    checkpoint_every: int = within(10, "[0, inf)")  # steps between checkpoints (and always at the end); 0 = only at the end
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
     tensorboard: bool = True
     overwrite: bool = False  # a fresh run may replace an earlier run's checkpoints and metrics in run_dir
 
     def __post_init__(self):
-        if self.steps < 1:
-            raise ValueError(f"run.steps must be >= 1, got {self.steps}")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
-class PipelineSpec:
+class PipelineConfig:
     """Sync or async (Ray) GRPO; see `specrl.pipeline.asynchronous` for the async design."""
 
-    MODES: typing.ClassVar[tuple[str, ...]] = ("sync", "async")
+    SECTION: ClassVar[str] = "pipeline"
 
-    mode: str = "sync"  # sync: generate -> train -> sync in turn | async: Ray rollout actors run alongside the trainer
-    max_staleness: int = 1  # async: a group is trained on at most this many versions after its weights (0 = sync)
-    num_actors: int = 1  # async: Ray rollout actors, each with its own backend
-    prompts_per_request: int | None = None  # async: prompts per actor call; None = rollout.prompts_per_step
-    requests_per_actor: int = 2  # async: calls queued on one actor (1 running + the rest waiting)
+    mode: Literal["sync", "async"] = "sync"  # sync: generate -> train -> sync in turn | async: Ray rollout actors run alongside the trainer
+    max_staleness: int = within(1, "[0, inf)")  # async: a group is trained on at most this many versions after its weights (0 = sync)
+    num_actors: int = within(1, "[1, inf)")  # async: Ray rollout actors, each with its own backend
+    prompts_per_request: int | None = within(None, "[1, inf)")  # async: prompts per actor call; None = rollout.prompts_per_step
+    requests_per_actor: int = within(2, "[1, inf)")  # async: calls queued on one actor (1 running + the rest waiting)
     buffer_size: int | None = None  # async: most groups buffered + in flight; None = (max_staleness + 1) * prompts_per_step (the most)
-    actor_threads: int = 1  # async: torch threads (and Ray CPUs) per rollout actor
+    actor_threads: int = within(1, "[1, inf)")  # async: torch threads (and Ray CPUs) per rollout actor
     ray_address: str | None = None  # async: join this Ray cluster; None = start a local Ray on this machine's cores
 
     def __post_init__(self):
-        if self.mode not in self.MODES:
-            raise ValueError(f"pipeline.mode must be one of {self.MODES}, got {self.mode!r}")
-        for name in ("num_actors", "requests_per_actor", "actor_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_staleness < 0:
-            raise ValueError(f"pipeline.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.prompts_per_request is not None and self.prompts_per_request < 1:
-            raise ValueError(f"pipeline.prompts_per_request must be >= 1, got {self.prompts_per_request}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    run: RunSpec = field(default_factory=RunSpec)
-    task: TaskSpec = field(default_factory=TaskSpec)
+    run: RunConfig = field(default_factory=RunConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
-    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     draft: DraftAdaptConfig = field(default_factory=DraftAdaptConfig)
-    pipeline: PipelineSpec = field(default_factory=PipelineSpec)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def __post_init__(self):
         P, request = self.rollout.prompts_per_step, self.pipeline.prompts_per_request
@@ -131,6 +114,15 @@ PRESETS: dict[str, dict] = {
         "draft": {"enabled": False},
     },
 }
+
+
+def preset_prompts(model: str, tokenizer, count: int, seed: int) -> list[str]:
+    """`count` prompts of the task a model's RL preset trains on (reasoning-gym chain_sum for a model
+    without a preset), drawn from `seed` and rendered as RL renders them: drafts, heads and benches
+    see the prompts RL samples."""
+    settings = PRESETS.get(model, PRESETS["smollm2-135m"])["task"]
+    task = make_task(TaskConfig(**{**settings, "seed": seed}))
+    return render_prompts(task, tokenizer, 0, count)[1]
 
 
 def _parse_value(text: str):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrl.engine.engine import Completion
+from specrl.generation import Completion
 
 
 @dataclass
@@ -31,22 +31,14 @@ class Group:
         return sum(len(c.token_ids) for c in self.completions)
 
 
-def render_prompts(task, tokenizer, first: int, count: int) -> tuple[list, list[str]]:
-    """Problems task[first : first + count] and their prompt texts."""
-    problems = [task[first + i] for i in range(count)]
-    return problems, [task.render(p, tokenizer) for p in problems]
-
-
-def score_groups(task, tokenizer, first: int, problems: list, prompts: list[str], completions: list[Completion],
-                 issued_version: int) -> list[Group]:
+def score_groups(task, first: int, problems: list, completions: list[Completion], issued_version: int) -> list[Group]:
     """Prompt-major completions (n per prompt) -> one scored Group per prompt, indexed from `first`."""
     n = len(completions) // len(problems)
     groups = []
-    for i, (problem, prompt) in enumerate(zip(problems, prompts)):
+    for i, problem in enumerate(problems):
         members = completions[i * n:(i + 1) * n]
         if any(c.prompt_index != i for c in members):
             raise ValueError("completions are not prompt-major with n samples per prompt")
-        groups.append(Group(index=first + i, prompt_ids=tokenizer.encode(prompt, add_special_tokens=False),
-                            completions=members, rewards=[task.reward(c.text, problem) for c in members],
-                            issued_version=issued_version))
+        groups.append(Group(index=first + i, prompt_ids=members[0].prompt_ids, completions=members,
+                            rewards=[task.reward(c.text, problem) for c in members], issued_version=issued_version))
     return groups

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from specrl.backends.embedded import load_tokenizer
-from specrl.models.registry import draft_for, resolve_checkpoint
-from specrl.pipeline.checkpoint import latest_checkpoint, restore_training_state, save_checkpoint
+from specrl.models.checkpoint import load_tokenizer
+from specrl.models.registry import draft_checkpoint, resolve_checkpoint
+from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.config import TrainConfig, config_to_dict
 from specrl.pipeline.groups import Group
 from specrl.rl.advantages import group_advantages
 from specrl.rl.draft_adaptation import DraftTrainer
-from specrl.rl.tasks import make_task
+from specrl.tasks import make_task
 from specrl.rl.trainer import PolicyTrainer
 from specrl.telemetry.sinks import MetricsSink, truncate_metrics
 from specrl.telemetry.spec_stats import SpecStats
@@ -41,12 +41,13 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str,
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         raise ValueError(f"--resume {run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
-    kind = config.backend.model_draft  # draft | eagle3 | mtp | None
+    backend = config.backend
+    kind = backend.draft_kind  # draft | eagle3 | mtp | None
     if kind in ("eagle3", "mtp") and config.draft.enabled:
         raise ValueError(f"draft.enabled=true: online adaptation covers draft models, not {kind} heads "
                          f"(they stay as trained); set draft.enabled=false to run with a frozen {kind} head")
-    draft = (config.backend.draft or draft_for(config.backend.model, kind)) if kind else None
-    registered_draft = str(resolve_checkpoint(draft)) if draft else None
+    draft = draft_checkpoint(backend.model, kind, backend.draft)
+    registered_draft = str(draft) if draft else None
     if checkpoint is None:
         return None, str(resolve_checkpoint(config.backend.model)), registered_draft
     saved_draft = checkpoint / "draft"
@@ -67,7 +68,7 @@ class Learner:
         self.draft = None
         if config.draft.enabled and draft_dir is not None:
             self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
-        self.task = make_task(config.task.name, config.task.size, config.task.seed, dict(config.task.difficulty))
+        self.task = make_task(config.task)
         self.start_step = 0
         if checkpoint is not None:
             state = restore_training_state(checkpoint, self.trainer.optimizer,

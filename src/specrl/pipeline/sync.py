@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 from specrl.backends import make_backend
-from specrl.engine.sampling import SamplingParams
+from specrl.sampling import SamplingParams
 from specrl.pipeline.config import TrainConfig
-from specrl.pipeline.groups import render_prompts, score_groups
+from specrl.pipeline.groups import score_groups
+from specrl.tasks import render_prompts
 from specrl.pipeline.learner import Learner, sampling_seed, starting_point
 
 __all__ = ["SyncTrainer", "sampling_seed"]
@@ -43,8 +44,7 @@ class SyncTrainer(Learner):
         with timer.stage("generation"):
             result = self.backend.generate(prompts, params)
         with timer.stage("reward"):
-            groups = score_groups(self.task, self.tokenizer, (step - 1) * P, problems, prompts, result.completions,
-                                  version)
+            groups = score_groups(self.task, (step - 1) * P, problems, result.completions, version)
         stats = self.train(step, groups)
         with timer.stage("weight_sync"):
             policy, draft = self.weights()

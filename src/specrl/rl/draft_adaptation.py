@@ -16,29 +16,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from specrl.engine.checkpoint import load_config
-from specrl.models.sequences import TrainBatch
+from specrl.models.checkpoint import load_config
+from specrl.rl.sequences import TrainBatch
 from specrl.rl.trainer import sync_state_dict
+from specrl.validation import check_fields, within
 
 
 @dataclass(frozen=True)
 class DraftAdaptConfig:
     """Online draft training settings."""
 
+    SECTION: ClassVar[str] = "draft"
+
     enabled: bool = True  # train the draft during RL (only for proposers with a draft model)
-    every: int = 1  # adapt on every N-th step's rollouts
-    lr: float = 3e-4  # the draft's AdamW learning rate
-    loss_weight: float = 1.0  # lambda: scales the draft loss (the seed system uses ~0.1 on a shared optimiser)
+    every: int = within(1, "[1, inf)")  # adapt on every N-th step's rollouts
+    lr: float = within(3e-4, "(0, inf)")  # the draft's AdamW learning rate
+    loss_weight: float = within(1.0, "(0, inf)")  # lambda: scales the draft loss (the seed system uses ~0.1 on a shared optimiser)
 
     def __post_init__(self):
-        if self.every < 1:
-            raise ValueError(f"draft.every must be >= 1, got {self.every}")
-        if self.lr <= 0 or self.loss_weight <= 0:
-            raise ValueError(f"draft.lr and draft.loss_weight must be > 0, got {self.lr}, {self.loss_weight}")
+        check_fields(self)
 
 
 def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor, mask: torch.Tensor,

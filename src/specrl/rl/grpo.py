@@ -34,30 +34,28 @@ length normalisation, dual-clip.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from specrl.validation import check_fields, within
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
     """GRPO objective settings."""
 
-    group_size: int = 8  # G, samples per prompt
-    clip_low: float = 0.2  # eps_low: ratio floor 1 - eps_low
-    clip_high: float = 0.2  # eps_high: ratio ceiling 1 + eps_high (raise it for DAPO's clip-higher)
-    kl_coef: float = 0.0  # beta; 0 = no reference model kept
-    is_cap: float = 2.0  # truncation of the behaviour -> proximal IS weight on stale tokens (async only)
+    SECTION: ClassVar[str] = "grpo"
+
+    group_size: int = within(8, "[2, inf)", alias="G")  # samples per prompt; advantages compare siblings
+    clip_low: float = within(0.2, "[0, 1)")  # eps_low: ratio floor 1 - eps_low
+    clip_high: float = within(0.2, "[0, inf)")  # eps_high: ratio ceiling 1 + eps_high (raise it for DAPO's clip-higher)
+    kl_coef: float = within(0.0, "[0, inf)")  # beta; 0 = no reference model kept
+    is_cap: float = within(2.0, "[1, inf)")  # truncates the behaviour -> proximal IS weight on stale tokens (async)
     scale_advantages: bool = True  # divide by the group std (False = Dr. GRPO)
 
     def __post_init__(self):
-        if self.group_size < 2:
-            raise ValueError(f"grpo.group_size must be >= 2 (advantages compare siblings), got {self.group_size}")
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f"grpo.clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
-        if self.kl_coef < 0:
-            raise ValueError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.is_cap < 1:
-            raise ValueError(f"grpo.is_cap must be >= 1 (it truncates weights around 1), got {self.is_cap}")
+        check_fields(self)
 
 
 def grpo_loss(

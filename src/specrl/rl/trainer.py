@@ -8,31 +8,30 @@ logprobs of the rollout tokens, compared with the engine's for the parity metric
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from specrl.models.sequences import TrainBatch, train_batch
+from specrl.rl.sequences import TrainBatch, train_batch
 from specrl.rl.grpo import GRPOConfig, grpo_loss
+from specrl.validation import check_fields, within
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW settings and micro-batching for the policy."""
 
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0  # clip the global gradient norm; 0 = no clipping
-    micro_batch_size: int = 8  # sequences per forward/backward
+    SECTION: ClassVar[str] = "optim"
+
+    lr: float = within(1e-5, "(0, inf)")
+    weight_decay: float = within(0.0, "[0, inf)")
+    max_grad_norm: float = within(1.0, "[0, inf)")  # clip the global gradient norm; 0 = no clipping
+    micro_batch_size: int = within(8, "[1, inf)")  # sequences per forward/backward
 
     def __post_init__(self):
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"optim.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.max_grad_norm < 0:
-            raise ValueError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        check_fields(self)
 
 
 def sync_state_dict(model) -> dict[str, torch.Tensor]:

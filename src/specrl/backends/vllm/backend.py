@@ -18,13 +18,13 @@ import time
 import torch
 
 from specrl.backends.base import BackendConfig
-from specrl.backends.embedded import load_tokenizer
+from specrl.models.checkpoint import load_tokenizer
 from specrl.backends.vllm import metrics, refit
-from specrl.backends.vllm.convert import encode_prompts, to_completions, to_vllm_sampling
+from specrl.backends.vllm.convert import to_completions, to_vllm_sampling
 from specrl.backends.vllm.options import VLLMOptions, speculative_config
 from specrl.backends.vllm_plugin import plugin_is_registered
-from specrl.engine.engine import GenerateResult
-from specrl.engine.sampling import SamplingParams
+from specrl.generation import GenerateResult, encode_prompts
+from specrl.sampling import SamplingParams
 from specrl.models.registry import resolve_checkpoint
 from specrl.telemetry.spec_stats import SpecStats
 
@@ -101,7 +101,7 @@ class VLLMBackend:
                                     use_tqdm=False)
         delta = metrics.read_counters(self.llm, self.served_name, self.speculative).minus(before)
         k = self.spec_config["num_speculative_tokens"] if self.speculative else 0
-        completions = to_completions(outputs, self.version, self.tokenizer, params.stop)
+        completions = to_completions(outputs, encoded, self.version, self.tokenizer, params.stop)
         return GenerateResult(completions, spec=delta.spec or SpecStats(), seconds=time.perf_counter() - start,
                               steps=delta.steps, k_histogram={k: delta.steps} if delta.steps else {})
 

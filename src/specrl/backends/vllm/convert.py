@@ -14,8 +14,8 @@ model distribution, also as there.
 """
 from __future__ import annotations
 
-from specrl.engine.engine import Completion
-from specrl.engine.sampling import SamplingParams
+from specrl.generation import Completion, response_text
+from specrl.sampling import SamplingParams
 
 
 def to_vllm_sampling(params: SamplingParams):
@@ -30,42 +30,21 @@ def to_vllm_sampling(params: SamplingParams):
     )
 
 
-def encode_prompts(prompts: list, tokenizer, vocab_size: int) -> list[list[int]]:
-    """Token ids for each prompt (text is encoded without special tokens, as the embedded engine does)."""
-    encoded = []
-    for i, prompt in enumerate(prompts):
-        ids = tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt {i} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
-        encoded.append(ids)
-    return encoded
+def to_completions(outputs: list, prompts: list[list[int]], version: int, tokenizer,
+                   stop: tuple[str, ...] = ()) -> list[Completion]:
+    """Prompt-major completions from vLLM RequestOutputs (one per prompt, each with n outputs).
 
-
-def response_text(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> str:
-    """The response as the embedded engine writes it: special tokens skipped (a stop token's own
-    text kept, where vLLM drops it), cut before the first stop string."""
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
-    if stop:
-        raw = tokenizer.decode(tokens, skip_special_tokens=False)
-        hits = [raw.find(s) for s in stop if s in raw]
-        if hits:
-            text = raw[:min(hits)]
-    return text
-
-
-def to_completions(outputs: list, version: int, tokenizer, stop: tuple[str, ...] = ()) -> list[Completion]:
-    """Prompt-major completions from vLLM RequestOutputs (one per prompt, each with n outputs)."""
+    The response text is the embedded engine's (`response_text`): special tokens skipped, but a
+    stop token's own text kept where vLLM drops it, and cut before the first stop string."""
     completions = []
     for prompt_index, request in enumerate(outputs):
         for sample in sorted(request.outputs, key=lambda o: o.index):
             tokens = list(sample.token_ids)
             logprobs = [step[token].logprob for token, step in zip(tokens, sample.logprobs)]
             completions.append(Completion(
-                prompt_index=prompt_index, sample_index=sample.index, token_ids=tokens, logprobs=logprobs,
-                versions=[version] * len(tokens), finish_reason=finish_reason(sample.finish_reason),
+                prompt_index=prompt_index, sample_index=sample.index, prompt_ids=prompts[prompt_index],
+                token_ids=tokens, logprobs=logprobs, versions=[version] * len(tokens),
+                finish_reason=finish_reason(sample.finish_reason),
                 text=response_text(tokenizer, tokens, stop),
             ))
     return completions

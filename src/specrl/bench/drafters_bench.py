@@ -1,0 +1,154 @@
+"""Every proposer on the same prompts: which draft pays where.
+
+For each batch size, one round runs the baseline (no speculation) and then every proposer
+on the same prompts with the same seed, in turn; rounds repeat and medians are reported
+(these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline of
+the same round set, acceptance length and per-position acceptance (vLLM's definitions),
+the share of wall time spent inside the proposer, and the K the adaptive controller ran.
+
+Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
+and hybrid proposers draft from. A proposer whose checkpoint is missing is skipped and
+named in `skipped` with the command that makes it.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from specrl.backends import BackendConfig, make_backend
+from specrl.pipeline.config import preset_prompts
+from specrl.sampling import SamplingParams
+from specrl.speculation.registry import MODEL_DRAFTS, PROPOSER_NAMES
+from specrl.telemetry.spec_stats import SpecStats
+from specrl.validation import check_fields, within
+
+
+@dataclass(frozen=True)
+class DraftersBenchConfig:
+    """One comparison: a model, the proposers, the batch sizes."""
+
+    SECTION: ClassVar[str] = "bench drafters"
+
+    model: str = "tiny"  # tiny | smollm2-135m | a checkpoint directory
+    proposers: tuple[str, ...] = PROPOSER_NAMES
+    batches: tuple[int, ...] = (1, 4, 16)  # rows per call
+    n: int = within(4, "[1, inf)")  # samples per prompt (capped at the batch): the group siblings draft from
+    k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
+    adaptive: bool = True  # let the engine choose K per step (0 = off)
+    hybrid_model: Literal[MODEL_DRAFTS] = "eagle3"  # type: ignore[valid-type]  # the model-draft half of the hybrid
+    max_tokens: int = within(128, "[1, inf)")
+    temperature: float = within(1.0, "[0, inf)")
+    rounds: int = within(3, "[1, inf)")
+    seed: int = 0
+    plot: str | None = "drafters.png"  # speedup vs batch, one line per proposer; None = no plot
+
+    def __post_init__(self):
+        check_fields(self)
+        unknown = [p for p in self.proposers if p not in PROPOSER_NAMES]
+        if unknown:
+            raise ValueError(f"unknown proposers {unknown}; choose from {PROPOSER_NAMES}")
+        if not self.proposers or not self.batches or min(self.batches) < 1:
+            raise ValueError("proposers and batches must be non-empty and batches >= 1")
+
+
+@dataclass
+class _Runs:
+    rates: list[float] = field(default_factory=list)
+    spec: SpecStats = field(default_factory=SpecStats)
+    seconds: float = 0.0
+    draft_seconds: float = 0.0
+    k_histogram: dict[int, int] = field(default_factory=dict)
+
+    def add(self, result) -> None:
+        self.rates.append(result.num_tokens / result.seconds)
+        self.spec.merge(result.spec)
+        self.seconds += result.seconds
+        self.draft_seconds += result.draft_seconds
+        for k, count in result.k_histogram.items():
+            self.k_histogram[k] = self.k_histogram.get(k, 0) + count
+
+
+def _backends(config: DraftersBenchConfig) -> tuple[dict, dict[str, str]]:
+    backends, skipped = {}, {}
+    common = dict(model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive,
+                  hybrid_model=config.hybrid_model)
+    for name in ("none", *config.proposers):
+        try:
+            backends[name] = make_backend(BackendConfig(proposer=name, **common))
+        except FileNotFoundError as err:  # an untrained draft: say which, and how to make it
+            if name == "none":
+                raise
+            skipped[name] = str(err)
+    return backends, skipped
+
+
+def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
+    backends, skipped = _backends(config)
+    tokenizer = backends["none"].tokenizer
+    rows, done, total = [], 0, len(config.batches) * config.rounds
+    for batch in config.batches:
+        n = min(config.n, batch)
+        if batch % n:
+            raise ValueError(f"batch {batch} must be a multiple of n {n} (batch = prompts x n)")
+        prompts = preset_prompts(config.model, tokenizer, batch // n, config.seed)
+        warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed)
+        for name, backend in backends.items():
+            if name != "none":
+                backend.generate(prompts, warm)  # adaptive K explores before timing
+        runs = {name: _Runs() for name in backends}
+        for r in range(config.rounds):
+            params = SamplingParams(n=n, temperature=config.temperature, max_tokens=config.max_tokens,
+                                    seed=config.seed + 1 + r)
+            for name, backend in backends.items():
+                runs[name].add(backend.generate(prompts, params))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        base = statistics.median(runs["none"].rates)
+        for name, run in runs.items():
+            if name == "none":
+                continue
+            rate = statistics.median(run.rates)
+            rows.append({
+                "proposer": name, "batch": batch, "n": n, "tokens_per_s": rate, "tokens_per_s_base": base,
+                "speedup": rate / base, "acceptance_length": run.spec.acceptance_length,
+                "acceptance_per_pos": run.spec.acceptance_per_pos, "draft_cost_share": run.draft_seconds / run.seconds,
+                "k_histogram": dict(sorted(run.k_histogram.items())),
+            })
+    best = max(rows, key=lambda row: row["speedup"]) if rows else None
+    summary = {
+        "model": config.model, "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature,
+        "max_tokens": config.max_tokens, "rounds": config.rounds, "rows": rows, "skipped": skipped,
+        "best": {"proposer": best["proposer"], "batch": best["batch"], "speedup": best["speedup"]} if best else None,
+    }
+    if config.plot and rows:
+        summary["plot"] = str(plot_speedups(rows, Path(config.plot), config))
+    return summary
+
+
+def plot_speedups(rows: list[dict], path: Path, config: DraftersBenchConfig) -> Path:
+    """Speedup over plain decoding against batch size, one line per proposer (log-2 batch axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name in dict.fromkeys(row["proposer"] for row in rows):
+        mine = [row for row in rows if row["proposer"] == name]
+        ax.plot([row["batch"] for row in mine], [row["speedup"] for row in mine], marker="o", label=name)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (rows = prompts x n)")
+    ax.set_ylabel("rollout speedup vs no speculation")
+    mode = "adaptive K" if config.adaptive else f"K={config.k}"
+    ax.set_title(f"{config.model}, T={config.temperature:g}, {mode}, max K {config.k}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

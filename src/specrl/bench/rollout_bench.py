@@ -1,0 +1,136 @@
+"""Rollout benchmark: speculation off vs on (and transformers `generate`), alternating in one process.
+
+Each round runs the same prompts through every variant, in turn, with the same
+seed; tokens per second are the generated tokens over the wall time of the call,
+and the reported figure is the median over rounds (these machines are noisy).
+A temperature-0 run with and without speculation checks exactness token for token;
+at temperature 1 the mean logprob of the sampled tokens must agree within noise.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from specrl.backends import BackendConfig, make_backend
+from specrl.models.registry import resolve_checkpoint
+from specrl.pipeline.config import preset_prompts
+from specrl.sampling import SamplingParams
+from specrl.speculation.registry import PROPOSER_NAMES
+from specrl.telemetry.spec_stats import SpecStats
+from specrl.validation import check_fields, within
+
+
+@dataclass(frozen=True)
+class RolloutBenchConfig:
+    """One benchmark: a model, a proposer and a batch, speculation off vs on."""
+
+    SECTION: ClassVar[str] = "bench rollout"
+
+    model: str = "tiny"  # tiny | smollm2-135m | a checkpoint directory
+    proposer: Literal[PROPOSER_NAMES] = "draft"  # type: ignore[valid-type]  # the speculative variant; none is the baseline
+    draft: str | None = None  # draft checkpoint; None = the model's registered draft
+    backend: Literal["embedded", "vllm"] = "embedded"
+    batch: int = within(4, "[1, inf)")  # rows per call: prompts x n
+    n: int = within(1, "[1, inf)")  # samples per prompt (a GRPO group; the suffix proposer drafts from siblings)
+    k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
+    adaptive: bool = True  # let the engine choose K per step (0 = off)
+    max_tokens: int = within(128, "[1, inf)")
+    temperature: float = within(1.0, "[0, inf)")
+    rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
+    hf: bool = True  # also time transformers generate
+    seed: int = 0
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.batch % self.n:
+            raise ValueError(f"batch {self.batch} must be a multiple of n {self.n} (batch = prompts x n)")
+
+
+class HFGenerate:
+    """transformers `generate` on the same checkpoint, left-padded, as an outside reference."""
+
+    def __init__(self, model: str, tokenizer):
+        import transformers
+
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(resolve_checkpoint(model))).eval()
+        self.tokenizer = tokenizer
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.inference_mode()
+    def tokens_per_second(self, prompts: list[str], params: SamplingParams) -> float:
+        encoded = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        width = max(map(len, encoded))
+        ids = torch.tensor([[self.pad] * (width - len(e)) + e for e in encoded])
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        start = time.perf_counter()
+        sample = {"do_sample": True, "temperature": params.temperature, "top_k": 0} if params.temperature else {"do_sample": False}
+        out = self.model.generate(ids, attention_mask=mask, max_new_tokens=params.max_tokens, pad_token_id=self.pad,
+                                  eos_token_id=self.tokenizer.eos_token_id, **sample)
+        seconds = time.perf_counter() - start
+        new = out[:, width:]
+        eos = self.tokenizer.eos_token_id
+        lengths = [(row.tolist().index(eos) + 1) if eos in row.tolist() else len(row) for row in new]
+        return sum(lengths) / seconds
+
+
+def _mean_logprob(results) -> float:
+    values = [lp for r in results for c in r.completions for lp in c.logprobs]
+    return sum(values) / len(values)
+
+
+def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
+    common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive)
+    base = make_backend(BackendConfig(proposer="none", **common))
+    spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common))
+    hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
+    prompts = preset_prompts(config.model, base.tokenizer, config.batch // config.n, config.seed)
+
+    greedy = SamplingParams(n=config.n, temperature=0, max_tokens=config.max_tokens)
+    greedy_base, greedy_spec = base.generate(prompts, greedy), spec.generate(prompts, greedy)
+    greedy_match = all(a.token_ids == b.token_ids for a, b in zip(greedy_base.completions, greedy_spec.completions))
+
+    warm = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
+                          seed=config.seed)
+    spec.generate(prompts, warm)  # lets the adaptive controller explore before timing
+    rates = {"base": [], "spec": [], "hf": []}
+    runs = {"base": [], "spec": []}
+    for r in range(config.rounds):
+        params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
+                                seed=config.seed + 1 + r)
+        for name, backend in (("base", base), ("spec", spec)):
+            result = backend.generate(prompts, params)
+            runs[name].append(result)
+            rates[name].append(result.num_tokens / result.seconds)
+        if hf is not None:
+            rates["hf"].append(hf.tokens_per_second([p for p in prompts for _ in range(config.n)], params))
+        if progress is not None:
+            progress(r + 1, config.rounds)
+
+    stats = SpecStats()
+    k_hist: dict[int, int] = {}
+    for result in runs["spec"]:
+        stats.merge(result.spec)
+        for k, count in result.k_histogram.items():
+            k_hist[k] = k_hist.get(k, 0) + count
+    base_rate, spec_rate = statistics.median(rates["base"]), statistics.median(rates["spec"])
+    hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
+    return {
+        "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
+        "n": config.n,
+        "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
+        "rounds": config.rounds, "threads": torch.get_num_threads(),
+        "tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,
+        "tokens_per_s_hf": hf_rate, "base_vs_hf": base_rate / hf_rate if hf_rate else None,
+        "acceptance_length": stats.acceptance_length, "acceptance_rate": stats.acceptance_rate,
+        "acceptance_per_pos": stats.acceptance_per_pos, "k_histogram": dict(sorted(k_hist.items())),
+        "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
+        "greedy_match": greedy_match,
+        "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
+        "mean_response_tokens": statistics.mean(len(c.token_ids) for r in runs["base"] for c in r.completions),
+    }

@@ -1,0 +1,79 @@
+"""What every backend's `generate` takes and returns: prompts in, completions out.
+
+Both backends (the embedded engine and vLLM) encode prompts with `encode_prompts`,
+write response text with `response_text`, and return a `GenerateResult` of
+`Completion`s in prompt-major order (prompt 0's n samples, then prompt 1's, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specrl.telemetry.spec_stats import SpecStats
+
+
+@dataclass
+class Completion:
+    """One sampled response."""
+
+    prompt_index: int
+    sample_index: int  # 0..n-1 within its prompt's group
+    prompt_ids: list[int]  # the prompt's token ids, as the backend encoded them
+    token_ids: list[int]
+    logprobs: list[float]  # per token, under the distribution it was sampled from
+    versions: list[int]  # per token, the policy weight version that produced it
+    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
+    text: str | None = None  # decoded response (cut before a matched stop string), when a tokenizer is set
+
+
+@dataclass
+class GenerateResult:
+    completions: list[Completion]  # prompt-major: prompt 0's n samples, then prompt 1's, ...
+    spec: SpecStats
+    seconds: float
+    steps: int  # target forward passes after prefill
+    k_histogram: dict[int, int] = field(default_factory=dict)  # steps run with each K
+    draft_seconds: float = 0.0  # time spent inside the proposer (start, observe, propose)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.completions)
+
+
+def encode_prompts(prompts: list, tokenizer, vocab_size: int) -> list[list[int]]:
+    """Token ids for each prompt: text is encoded without special tokens, ids are checked.
+
+    An empty prompt, text without a tokenizer, or an id outside 0..vocab_size-1 is an error
+    that names the prompt.
+    """
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError("string prompts need a tokenizer; pass token ids or give the engine a tokenizer")
+            ids = tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+        encoded.append(ids)
+    return encoded
+
+
+def stop_string_at(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> int | None:
+    """Character index of the first stop string in the decoded response (special tokens kept), if any."""
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    hits = [text.find(s) for s in stop if s in text]
+    return min(hits) if hits else None
+
+
+def response_text(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> str:
+    """The response's text: special tokens skipped, cut before the first stop string (where
+    the text is taken with special tokens kept, so a stop token's own text stays)."""
+    if stop:
+        cut = stop_string_at(tokenizer, tokens, stop)
+        if cut is not None:
+            return tokenizer.decode(tokens, skip_special_tokens=False)[:cut]
+    return tokenizer.decode(tokens, skip_special_tokens=True)

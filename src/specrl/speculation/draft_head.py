@@ -1,0 +1,130 @@
+"""Draft heads that read the target's hidden states: the part EAGLE-3 and MTP share.
+
+A head is one decoder layer on top of features f fused from target hidden states (see
+`head_layer` for the chain it drafts). It owns no embedding: token embeddings (and, for
+MTP, the output head) are the target's, read from the live target model, so they follow
+policy weight syncs. Variants differ only in three small maps, written per kind:
+
+    fuse(target hidden)        -> f [.., H]                   which layers, how combined
+    layer_input(f or g, emb)   -> (x [.., in], residual [.., H])
+    logits(g)                  -> [.., V_out]                 V_out = draft_vocab_size or V
+
+and in how they are saved (`eagle3.py`, `mtp.py`).
+
+Shapes: B rows, T positions, H hidden size, S sequence length when training.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from specrl.models.checkpoint import ModelConfig
+from specrl.engine.kv_cache import KVCache
+from specrl.engine.model import LlamaModel, rope_tables
+from specrl.speculation.head_layer import DraftDecoderLayer
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low/middle/high feature layers, as vLLM numbers them: the residual stream
+    *entering* layer j (j = num_layers is the last layer's output). vLLM's default is
+    (2, L/2, L-3); models too shallow for it use (1, L/2, L)."""
+    if num_layers >= 6:
+        return 2, num_layers // 2, num_layers - 3
+    return 1, max(1, num_layers // 2), num_layers
+
+
+class DraftHead(nn.Module):
+    kind = "head"
+
+    def __init__(self, cfg: ModelConfig, target: LlamaModel, in_features: int):
+        super().__init__()
+        self.cfg = cfg
+        self.target = target
+        self.layer = DraftDecoderLayer(in_features, cfg.hidden_size, cfg.num_attention_heads,
+                                       cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.d2t: torch.Tensor | None = None  # [V_out] long: output id -> target id, None when V_out == V
+
+    # -- per kind ---------------------------------------------------------------------------
+    hidden_layers: tuple[int, ...] = ()  # engine layer indices (see LlamaModel.forward) fed to `fuse`
+
+    def fuse(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def layer_input(self, feature: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- shared -----------------------------------------------------------------------------
+    @property
+    def output_vocab_size(self) -> int:
+        return self.cfg.output_vocab_size
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.target.embed)
+
+    def write(self, out_dir: Path, state: dict[str, torch.Tensor], fields: dict) -> None:
+        """model.safetensors with `state`, and config.json: a one-layer Llama config of the head's
+        shape plus the kind's own `fields`."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(out_dir / "model.safetensors"))
+        c = self.cfg
+        config = {
+            "model_type": "llama", "specrl_head": self.kind, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size, "hidden_act": "silu",
+            **({"rope_scaling": c.rope_scaling} if c.rope_scaling else {}), **fields,
+        }
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        c = self.cfg
+        return KVCache.allocate(1, batch, c.num_key_value_heads, max_len, c.head_dim)
+
+    def forward_cached(self, feature: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Inference: feature [B, T, H] at positions cache.lens + t, next_tokens [B, T] -> g [B, T, H].
+
+        Writes the head's cache; `cache.lens` is left for the caller to advance.
+        """
+        positions = cache.lens.unsqueeze(1) + torch.arange(feature.shape[1]).unsqueeze(0)
+        if int(positions.max()) >= self.cfg.max_position_embeddings:
+            raise ValueError(f"position {int(positions.max())} exceeds the head's context "
+                             f"({self.cfg.max_position_embeddings} tokens)")
+        cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        x, residual = self.layer_input(feature, self.embed(next_tokens))
+        return self.layer.forward_cached(x, residual, cache, cos, sin)
+
+    def forward_train(self, hidden: dict[int, torch.Tensor], ids: torch.Tensor, pad_mask: torch.Tensor,
+                      depth: int) -> list[torch.Tensor]:
+        """Training-time test: the head's output g of chain elements 1..depth at every position.
+
+        hidden {layer: [B, S, H]} target hidden states of `ids` [B, S]; pad_mask [B, S] bool.
+        Returns per depth j the features g [B, S, H] (`logits(g)` scores them); row i of depth j
+        predicts ids[:, i + 2] for the anchor e = i - j + 1 (rows i < j - 1 have none and must be
+        masked by the caller).
+        """
+        B, S = ids.shape
+        cos, sin = self.rope_cos[:S].view(1, 1, S, -1), self.rope_sin[:S].view(1, 1, S, -1)
+        next_emb = self.embed(torch.cat([ids[:, 1:], ids[:, -1:]], dim=1))  # [B, S, H]: token i+1 at row i
+        feature = self.fuse(hidden)
+        past, out = [], []
+        for j in range(depth):
+            if j:  # element j+1 at row i continues the chain whose element j sat at row i-1
+                feature = torch.cat([feature[:, :1], feature[:, :-1]], dim=1)
+            x, residual = self.layer_input(feature, next_emb)
+            feature, kv = self.layer.forward_train(x, residual, past, cos, sin, pad_mask)
+            past.append(kv)
+            out.append(feature)
+        return out

@@ -1,0 +1,78 @@
+"""A small external draft model with its own KV cache.
+
+The draft runs the same token sequence as the target. Each step it drafts k tokens
+autoregressively, sampling each from q = its own distribution at the call's
+temperature (greedy at temperature 0, with q one-hot). Its cache is kept in step with
+the target by one per-row count, `synced`: the positions below it hold verified tokens.
+A proposal first feeds every token from `synced` to the row's end (the tokens emitted
+since its last proposal: one step's worth, or more after steps run without
+speculation), then its drafts; the draft entries past the verified end are simply
+overwritten by the next proposal's feed.
+
+A draft with a reduced output vocabulary (config `draft_vocab_size` and a `d2t`
+tensor mapping draft ids to target ids) puts zero probability outside those ids.
+"""
+from __future__ import annotations
+
+import torch
+
+from specrl.engine.kv_cache import KVCache
+from specrl.engine.model import LlamaModel
+from specrl.sampling import SamplingParams
+from specrl.speculation.proposer import Proposal, ProposalContext, sample_draft_token
+
+
+class DraftModelProposer:
+    name = "draft"
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, model: LlamaModel, target_vocab_size: int):
+        if model.cfg.vocab_size != target_vocab_size:
+            raise ValueError(
+                f"draft/target vocabulary mismatch: draft {model.source} has vocab_size {model.cfg.vocab_size}, "
+                f"target has {target_vocab_size}; a draft must share the target's tokenizer"
+            )
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+        self.cache: KVCache | None = None
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
+        self.cache = self.model.new_cache(tokens.shape[0], tokens.shape[1])
+        prefill = int(num_tokens.max()) - 1
+        if prefill > 0:  # all but each prompt's last token (rows past their own prompt hold junk, overwritten later)
+            self.model.forward(tokens[:, :prefill], self.cache)
+        self.synced = (num_tokens - 1).clamp_min(0)  # [B]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.select_rows(rows)
+        self.synced = self.synced.index_select(0, rows)
+
+    def observe(self, hidden, start, count, tokens) -> None:
+        pass  # the draft runs its own forward passes
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal:
+        """Feed each row's unsynced tokens [synced, num_tokens) (ragged, padded on the right with
+        junk that is never attended to by valid positions and later overwritten), then draft.
+
+        Example: synced [5, 3], num_tokens [6, 5] -> row 0 feeds position 5, row 1 positions 3, 4;
+        the first draft is read at column 0 for row 0 and column 1 for row 1.
+        """
+        B, S = context.tokens.shape
+        rows = torch.arange(B)
+        count = context.num_tokens - self.synced  # [B] >= 1
+        columns = (self.synced.unsqueeze(1) + torch.arange(int(count.max()))).clamp_max(S - 1)
+        feed = context.tokens.gather(1, columns).clamp_min(0)  # junk past a row's end may be PAD (-1)
+        self.cache.lens = self.synced.clone()
+        self.cache.grow_to(int(self.synced.max()) + int(count.max()) + k)
+        read = count - 1
+        tokens, probs = [], []
+        for _ in range(k):
+            logits, _ = self.model.forward(feed, self.cache)
+            self.cache.lens += read + 1
+            token, q = sample_draft_token(logits[rows, read], self.model.d2t, self.target_vocab_size, context.params,
+                                          context.generator)
+            tokens.append(token)
+            probs.append(q)
+            feed, read = token.unsqueeze(1), torch.zeros_like(read)
+        self.synced = context.num_tokens.clone()
+        return Proposal(tokens=torch.stack(tokens, 1), probs=None if context.params.greedy else torch.stack(probs, 1))

@@ -1,0 +1,115 @@
+"""Drafting with a hidden-state head (EAGLE-3 or MTP) inside the engine's loop.
+
+The head keeps its own one-layer KV cache in step with the target through `observe`,
+which the engine calls after every target forward (the prompt prefill included) with the
+target's hidden states of the positions it just verified:
+
+    observe(hidden, start, count, tokens)
+        hidden {layer: [B, T, H]}, row b valid for t < count[b], at positions start[b] + t.
+        Kept pending, not run: steps without speculation (adaptive K = 0) cost the head nothing.
+
+    catch-up (before a proposal, or before the prompt rows are repeated n times, which makes
+    it n times cheaper for the prompt)
+        runs chain element 1 at every pending position (features fused from the hidden
+        states, next tokens tokens[b, position + 1]), writing the head's cache; the output at
+        each row's last position anchors the proposal.
+
+    propose(context, k)
+        element 1's output is the anchor's; elements 2..k each run the head once more on its
+        own output g and the token just drafted. Draft cache entries past the anchor are
+        overwritten by the next catch-up, which restarts at the anchor's successor, so
+        nothing is rolled back by hand.
+
+Drafts are sampled from q = the head's distribution under the call's sampling params
+(argmax at temperature 0, where q is one-hot and omitted).
+"""
+from __future__ import annotations
+
+import torch
+
+from specrl.engine.kv_cache import KVCache
+from specrl.sampling import SamplingParams
+from specrl.speculation.draft_head import DraftHead
+from specrl.speculation.proposer import Proposal, ProposalContext, sample_draft_token
+
+
+class HeadProposer:
+    def __init__(self, head: DraftHead):
+        self.head = head
+        self.name = head.kind
+        self.hidden_layers = head.hidden_layers
+        self.cache: KVCache | None = None
+        self.feature: torch.Tensor | None = None  # [B, H] g at each row's anchor
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
+        self.cache = self.head.new_cache(tokens.shape[0], tokens.shape[1])
+        self.feature = torch.zeros(tokens.shape[0], self.head.cfg.hidden_size)
+        self.pending: list[tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]] = []  # (hidden, start, count)
+        self.pending_tokens: torch.Tensor | None = None  # [B, S] the engine's tokens at the last observe
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if self.pending and rows.numel() > self.cache.batch:  # prompts about to be repeated: catch up once each
+            self.catch_up(self.pending_tokens)
+        self.cache.select_rows(rows)
+        self.feature = self.feature.index_select(0, rows)
+        self.pending = [({l: h.index_select(0, rows) for l, h in hidden.items()}, start[rows], count[rows])
+                        for hidden, start, count in self.pending]
+        if self.pending_tokens is not None:
+            self.pending_tokens = self.pending_tokens.index_select(0, rows)
+
+    def observe(self, hidden: dict[int, torch.Tensor], start: torch.Tensor, count: torch.Tensor,
+                tokens: torch.Tensor) -> None:
+        if next(iter(hidden.values())).shape[1]:
+            self.pending.append((hidden, start, count))
+        self.pending_tokens = tokens
+
+    @staticmethod
+    def _merge(pending):
+        """Pending chunks -> one: hidden {layer: [B, sum T_i, H]} with each row's valid positions
+        packed to the front (chunks of a row are contiguous in position), start [B], count [B].
+
+        Example, one row: chunk 0 valid [a, b, junk], chunk 1 valid [c, junk] -> [a, b, c, junk, junk], count 3.
+        """
+        if len(pending) == 1:
+            return pending[0]
+        valid = torch.cat([torch.arange(h[next(iter(h))].shape[1]).unsqueeze(0) < c.unsqueeze(1)
+                           for h, _, c in pending], dim=1)  # [B, sum T_i]
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # valid columns first, in order
+        hidden = {}
+        for layer in pending[0][0]:
+            stacked = torch.cat([h[layer] for h, _, _ in pending], dim=1)
+            hidden[layer] = stacked.gather(1, order.unsqueeze(-1).expand(-1, -1, stacked.shape[-1]))
+        return hidden, pending[0][1], sum(c for _, _, c in pending)
+
+    @torch.inference_mode()
+    def catch_up(self, tokens: torch.Tensor) -> None:
+        hidden, start, count = self._merge(self.pending)
+        self.pending = []
+        T = int(count.max())  # past it every row holds only padding
+        if T == 0:
+            return
+        hidden = {layer: h[:, :T] for layer, h in hidden.items()}
+        self.cache.grow_to(int((start + T).max()) + 1)
+        positions = start.unsqueeze(1) + 1 + torch.arange(T).unsqueeze(0)  # [B, T] of the next tokens
+        next_tokens = tokens.gather(1, positions.clamp_max(tokens.shape[1] - 1)).clamp_min(0)  # junk may be PAD (-1)
+        self.cache.lens = start.clone()
+        g = self.head.forward_cached(self.head.fuse(hidden), next_tokens, self.cache)  # [B, T, H]
+        last = (count - 1).clamp_min(0)
+        self.feature = torch.where((count > 0).unsqueeze(1), g[torch.arange(g.shape[0]), last], self.feature)
+        self.cache.lens = start + count
+
+    @torch.inference_mode()
+    def propose(self, context: ProposalContext, k: int) -> Proposal:
+        if self.pending:
+            self.catch_up(context.tokens)
+        params, head = context.params, self.head
+        feature, tokens, probs = self.feature, [], []
+        self.cache.grow_to(int(self.cache.lens.max()) + k)
+        for j in range(k):
+            if j:
+                feature = head.forward_cached(feature.unsqueeze(1), tokens[-1].unsqueeze(1), self.cache)[:, 0]
+                self.cache.lens += 1
+            token, q = sample_draft_token(head.logits(feature), head.d2t, context.vocab_size, params, context.generator)
+            tokens.append(token)
+            probs.append(q)
+        return Proposal(tokens=torch.stack(tokens, 1), probs=None if params.greedy else torch.stack(probs, 1))

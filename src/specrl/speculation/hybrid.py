@@ -1,0 +1,142 @@
+"""A hybrid proposer: per step, a model draft or the group-suffix draft, whichever pays more;
+and within a model-draft step, each row whose suffix lookup found all k tokens takes them.
+
+For a step with k drafts over B rows, part i is expected to yield
+
+    rate_i = (1 + E_i(k)) / (V + c_i)      E_i(k) = sum_{j<k} P_i(drafts 0..j all accepted)
+
+tokens per second per row, where V is the engine's last measured step time outside the
+proposer (target forward, verification, bookkeeping: `ProposalContext.verify_seconds`) and
+c_i is part i's own propose() time, a moving average. The suffix draft is free but only as
+good as the siblings' agreement; the model draft costs a pass per drafted token.
+
+Acceptance estimates come from the tokens the engine actually emitted, read at the next
+call. A rejected draft token x had q(x) > p(x), so the residual (p - q)+ is zero at x and
+the recovered token differs from it: a row's leading matches between its drafts and its
+emitted tokens are exactly its accepted drafts. The suffix draft is deterministic, so its
+chance of matching a target sample equals its acceptance probability: it is scored on every
+step, whichever part ran (positions past a row's emitted tokens are left out). The model
+part is scored on the rows where its draft ran, and runs at least every `explore_every` steps.
+
+Mixing rows keeps the step exact: each row's draft is verified against the distribution it
+came from (the model's q, or one-hot for a suffix row; `verify` takes q per row).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specrl.sampling import SamplingParams
+from specrl.speculation.proposer import Proposal, ProposalContext, one_hot_proposal
+from specrl.speculation.suffix import SuffixProposer
+
+
+class AcceptanceEstimate:
+    """P(drafts 0..j all accepted) per position j: a moving average of observed leading matches,
+    bias-corrected (the first observations are averaged plainly, so the prior fades at once)."""
+
+    def __init__(self, k: int, prior: float, smoothing: float):
+        self.prefix = [prior ** (j + 1) for j in range(k)]
+        self.seen = [0] * k
+        self.smoothing = smoothing
+
+    def expected(self, k: int) -> float:
+        return sum(self.prefix[:k])
+
+    def update(self, drafts: torch.Tensor, emitted: torch.Tensor, known: torch.Tensor) -> None:
+        """drafts [B, k]; emitted [B, k] the tokens that followed; known [B] how many of them exist.
+
+        Example: drafts [[1, 2, 3], [1, 5, 3]], emitted [[1, 2, 9], [1, 2, 3]], known [3, 1]
+            -> position 0 saw 2 rows, both matched (1.0); position 1 saw row 0 (1.0); position 2 row 0 (0.0).
+        """
+        matches = (drafts == emitted).long().cumprod(1)  # [B, k] 1 while all drafts so far matched
+        for j in range(drafts.shape[1]):
+            seen = known > j
+            if seen.any():
+                self.seen[j] += 1
+                weight = max(self.smoothing, 1.0 / self.seen[j])
+                self.prefix[j] += weight * (float(matches[seen, j].float().mean()) - self.prefix[j])
+
+
+class HybridProposer:
+    name = "hybrid"
+
+    def __init__(self, model_part, suffix_part: SuffixProposer | None = None, max_k: int = 8,
+                 smoothing: float = 0.1, explore_every: int = 16):
+        self.model_part, self.suffix_part = model_part, suffix_part or SuffixProposer()
+        self.hidden_layers = model_part.hidden_layers
+        self.estimates = {"model": AcceptanceEstimate(max_k, 0.5, smoothing),
+                          "suffix": AcceptanceEstimate(max_k, 0.3, smoothing)}
+        self.cost = {"model": None, "suffix": 0.0}  # seconds per propose(), moving averages
+        self.smoothing, self.explore_every = smoothing, explore_every
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
+        self.model_part.start(tokens, num_tokens, params)
+        self.suffix_part.start(tokens, num_tokens, params)
+        self.pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (part, drafts [B, k], rows it ran [B]) last call
+        self.pending_start: torch.Tensor | None = None  # [B] num_tokens when they were proposed
+        self.since_model = 0
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.model_part.select_rows(rows)
+        self.suffix_part.select_rows(rows)
+        if self.pending_start is not None:
+            self.pending = [(part, drafts.index_select(0, rows), scored.index_select(0, rows))
+                            for part, drafts, scored in self.pending]
+            self.pending_start = self.pending_start.index_select(0, rows)
+
+    def observe(self, hidden, start, count, tokens) -> None:
+        self.model_part.observe(hidden, start, count, tokens)
+
+    def _score_pending(self, context: ProposalContext) -> None:
+        """Compare last call's drafts with the tokens that were emitted after them."""
+        if self.pending_start is None:
+            return
+        k = self.pending[0][1].shape[1]
+        columns = (self.pending_start.unsqueeze(1) + torch.arange(k)).clamp_max(context.tokens.shape[1] - 1)
+        emitted = context.tokens.gather(1, columns)
+        known = (context.num_tokens - self.pending_start).clamp(0, k)
+        for part, drafts, scored in self.pending:
+            self.estimates[part].update(drafts, emitted, torch.where(scored, known, 0))
+        self.pending, self.pending_start = [], None
+
+    def _timed(self, part: str, call):
+        start = time.perf_counter()
+        result = call()
+        seconds = time.perf_counter() - start
+        previous = self.cost[part]
+        self.cost[part] = seconds if previous is None else previous + self.smoothing * (seconds - previous)
+        return result
+
+    def choose(self, k: int, verify_seconds: float | None) -> str:
+        """"model" or "suffix": the larger expected tokens per second (the model until its cost is known)."""
+        if self.cost["model"] is None or verify_seconds is None or self.since_model >= self.explore_every:
+            return "model"
+        rate = {part: (1.0 + self.estimates[part].expected(k)) / (verify_seconds + self.cost[part])
+                for part in ("model", "suffix")}
+        return "model" if rate["model"] >= rate["suffix"] else "suffix"
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal:
+        self._score_pending(context)
+        found, last = self._timed("suffix", lambda: self.suffix_part.lookup(context, k))
+        suffix = one_hot_proposal(found, last, k)
+        every_row = torch.ones(len(found), dtype=torch.bool)
+        self.pending = [("suffix", suffix.tokens, every_row)]
+        self.pending_start = context.num_tokens.clone()
+        part = self.choose(k, context.verify_seconds)
+        if part == "suffix":
+            self.since_model += 1
+            return suffix
+        self.since_model = 0
+        model = self._timed("model", lambda: self.model_part.propose(context, k))
+        full = torch.tensor([len(f) == k for f in found])  # [B] rows whose siblings supply all k tokens
+        self.pending.append(("model", model.tokens, ~full))
+        if not full.any():
+            return model
+        tokens = torch.where(full.unsqueeze(1), suffix.tokens, model.tokens)
+        probs = None
+        if model.probs is not None:  # a suffix row's q is one-hot on its drafts
+            one_hot = torch.nn.functional.one_hot(suffix.tokens, model.probs.shape[-1]).to(model.probs.dtype)
+            probs = torch.where(full.view(-1, 1, 1), one_hot, model.probs)
+        return Proposal(tokens=tokens, probs=probs)

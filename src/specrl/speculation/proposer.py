@@ -1,0 +1,105 @@
+"""The one interface every draft mechanism implements.
+
+A proposer sees the live batch's token history and returns K draft tokens per row,
+with the draft distribution q they were sampled from (or None when the proposal is
+deterministic: n-gram, suffix). The engine hands the proposal to `verify`, so any
+proposer, however good or bad, leaves the output distribution exact; a bad one only
+costs speed.
+
+Lifecycle, driven by the engine for one generate() call:
+    start(tokens, num_tokens, params)       after the prompt prefill, one row per distinct prompt
+    select_rows(group)                      the rows are then repeated n times (the GRPO group)
+    propose(context, k) -> Proposal         once per speculative step, k >= 1 (not every step:
+                                            adaptive K may run steps without speculation)
+    observe(hidden, start, count, tokens)   after every target forward, the prefill included, for
+                                            proposers that read the target's hidden states
+                                            (`hidden_layers` non-empty; see `head_proposer`)
+    select_rows(rows)                       when finished rows leave the batch
+`StatelessProposer` gives the no-op lifecycle to proposers that keep nothing between calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specrl.sampling import SamplingParams, sampling_distribution
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, K] long
+    probs: torch.Tensor | None  # [B, K, V] draft distribution q, or None for one-hot proposals
+
+
+def one_hot_proposal(found: list[list[int]], histories_last: list[int], k: int) -> Proposal:
+    """A deterministic proposal from per-row lookups that may come up short.
+
+    A row's draft is what it found, padded to k by repeating its last found token (or the
+    row's last token when nothing was found): a cheap guess, still verified exactly.
+    Example: found [[4, 5], []], last tokens [9, 7], k 3 -> [[4, 5, 5], [7, 7, 7]].
+    """
+    drafts = [row + [row[-1] if row else last] * (k - len(row)) for row, last in zip(found, histories_last)]
+    return Proposal(tokens=torch.tensor(drafts, dtype=torch.long).view(-1, k), probs=None)
+
+
+def to_target_vocab(probs: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """[.., V_out] -> [.., V]: a reduced-vocabulary draft puts zero mass outside its ids d2t [V_out]."""
+    if d2t is None:
+        return probs
+    return probs.new_zeros(*probs.shape[:-1], vocab_size).index_copy_(-1, d2t, probs)
+
+
+def sample_draft_token(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int, params: SamplingParams,
+                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One drafted token per row from a draft's logits [B, V_out] -> (token [B], q [B, V]).
+
+    q is the draft's distribution under the call's sampling params, over the target's
+    vocabulary; at temperature 0 it is one-hot on the argmax and the token is that argmax.
+    """
+    q, _ = sampling_distribution(logits, params)
+    q = to_target_vocab(q, d2t, vocab_size)
+    token = q.argmax(-1) if params.greedy else torch.multinomial(q, 1, generator=generator).squeeze(1)
+    return token, q
+
+
+@dataclass
+class ProposalContext:
+    tokens: torch.Tensor  # [B, S_max] long: prompt + generated tokens of each live row
+    num_tokens: torch.Tensor  # [B] long: valid entries of `tokens` per row (the last is not yet in the target's cache)
+    params: SamplingParams
+    generator: torch.Generator | None
+    vocab_size: int  # the target's vocabulary size V
+    groups: torch.Tensor  # [B] long: the prompt each live row samples (rows of a GRPO group share it)
+    verify_seconds: float | None = None  # the previous step's time outside the proposer (target pass, verify, bookkeeping)
+
+
+class Proposer(Protocol):
+    name: str
+    # target layers whose hidden states this proposer reads (EAGLE-3 / MTP heads); () for none
+    hidden_layers: tuple[int, ...]
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None: ...
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal: ...
+
+    def observe(self, hidden: dict[int, torch.Tensor], start: torch.Tensor, count: torch.Tensor,
+                tokens: torch.Tensor) -> None: ...
+
+    def select_rows(self, rows: torch.Tensor) -> None: ...
+
+
+class StatelessProposer:
+    """The lifecycle of a proposer that keeps nothing between steps and reads no hidden states."""
+
+    hidden_layers: tuple[int, ...] = ()
+
+    def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
+        pass
+
+    def observe(self, hidden, start, count, tokens) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass

@@ -1,0 +1,272 @@
+"""`specrl train-draft --kind eagle3|mtp`: train a hidden-state draft head on the target's own rollouts.
+
+What it does, in order (seeded; CPU threads set on purpose):
+1. Rollouts: the embedded engine samples the target at temperature 1 on the task's prompts
+   (reasoning-gym for SmolLM2, the arithmetic task for tiny), with a `HiddenStateRecorder`
+   in the proposer slot: the engine hands it the hidden states of every position it runs
+   (prefill and decode), so collecting features costs no extra forward pass.
+2. Targets: p at each response position = softmax(final normed state @ lm_head), temperature 1;
+   its top-k entries are kept. EAGLE-3's reduced output vocabulary is the N ids with the
+   largest expected count sum_t p_t(x) (`d2t`).
+3. Training-time test (see `spec.head_layer`): the head runs chain elements 1..depth over
+   every sequence at once and is trained with soft cross-entropy against p, restricted to
+   its support and renormalised, depth j weighted by decay^(j-1). Only anchors the engine
+   drafts from (the prompt's last position onwards) count.
+4. Held-out prompts (other seeds), exactly: per depth, the loss and the expected acceptance
+   sum_x min(p(x), q(x)) of a draft drawn from q, before and after training.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from tqdm import tqdm
+
+from specrl.engine.engine import EngineConfig, RolloutEngine
+from specrl.engine.model import LlamaModel
+from specrl.models.checkpoint import load_tokenizer, save_atomically
+from specrl.pipeline.config import preset_prompts
+from specrl.sampling import SamplingParams
+from specrl.speculation.draft_head import DraftHead, default_aux_layers
+from specrl.speculation.eagle3 import Eagle3Head, engine_layers
+from specrl.speculation.hidden_recorder import HiddenStateRecorder
+from specrl.speculation.mtp import MTPHead
+from specrl.speculation.registry import HEAD_KINDS
+from specrl.training.loop import fit, shuffled_batches
+from specrl.training.losses import soft_cross_entropy
+from specrl.validation import check_fields, within
+
+@dataclass
+class TrainHeadConfig:
+    """Settings of `specrl train-draft --kind eagle3|mtp`; the defaults fit ~10 minutes on 2 cores.
+
+    kind: eagle3 or mtp.
+    draft_vocab: EAGLE-3's output vocabulary N (0 = the target's whole vocabulary); MTP always uses the target's head.
+    depth: chain elements trained per anchor (training-time test); the K it drafts best.
+    depth_decay: loss weight of depth j is depth_decay^(j-1).
+    prompts: training prompts sampled (one rollout each).
+    sample_batch: prompts per generate call.
+    max_new_tokens: response cap when sampling.
+    sample_seconds: sampling stops starting new batches after this many seconds.
+    held_out_prompts: prompts of the held-out set (other seeds).
+    top_k: target probabilities kept per training position.
+    steps: optimiser steps (shuffled passes over the rollouts).
+    train_seconds: training stops after this many seconds, even if steps remain.
+    lr: peak AdamW learning rate (warm-up over 10 steps, cosine to lr / 10).
+    micro_batch: sequences per optimiser step.
+    seed: seeds prompts, sampling and data order.
+    threads: torch CPU threads.
+    """
+
+    kind: Literal[tuple(HEAD_KINDS)] = "eagle3"  # type: ignore[valid-type]
+    draft_vocab: int = within(8192, "[0, inf)")
+    depth: int = within(3, "[1, inf)")
+    depth_decay: float = within(0.8, "(0, 1]")
+    prompts: int = within(512, "[1, inf)")
+    sample_batch: int = within(64, "[1, inf)")
+    max_new_tokens: int = within(128, "[1, inf)")
+    sample_seconds: float = within(270.0, "(0, inf)")
+    held_out_prompts: int = within(16, "[1, inf)")
+    top_k: int = within(64, "[1, inf)")
+    steps: int = within(400, "[1, inf)")
+    train_seconds: float = within(240.0, "(0, inf)")
+    lr: float = within(1e-3, "(0, inf)")
+    micro_batch: int = within(8, "[1, inf)")
+    seed: int = 0
+    threads: int = within(1, "[1, inf)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass
+class Rollouts:
+    ids: list[torch.Tensor]  # per sequence [S] long: prompt + response
+    prompt_lens: list[int]
+    features: list[dict[int, torch.Tensor]]  # per sequence {layer: [S - 1, H]} fp16 (layer -1 always there)
+    top_p: list[torch.Tensor]  # per sequence [R, top_k] fp16: p at positions L-1 .. S-2 (predicting the response)
+    top_ids: list[torch.Tensor]  # per sequence [R, top_k] long
+
+
+@torch.inference_mode()
+def collect_rollouts(target: LlamaModel, tokenizer, prompts: list[str], layers: tuple[int, ...],
+                     config: TrainHeadConfig, seed: int, seconds: float | None, desc: str) -> tuple[Rollouts, torch.Tensor]:
+    """Sample one rollout per prompt, batch by batch; returns the rollouts and soft counts [V] of p."""
+    recorder = HiddenStateRecorder(tuple(sorted(set(layers) | {-1})))
+    engine = RolloutEngine(target, tokenizer, recorder, EngineConfig(num_speculative_tokens=0))
+    out = Rollouts([], [], [], [], [])
+    soft = torch.zeros(target.cfg.vocab_size, dtype=torch.float64)
+    start = time.perf_counter()
+    batches = range(0, len(prompts), config.sample_batch)
+    bar = tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True)
+    for b, s in enumerate(batches):
+        chunk = prompts[s:s + config.sample_batch]
+        params = SamplingParams(temperature=1.0, max_tokens=config.max_new_tokens, seed=seed + b)
+        result = engine.generate(chunk, params)
+        for slot, completion in enumerate(result.completions):
+            prompt = tokenizer.encode(chunk[slot], add_special_tokens=False)
+            ids = torch.tensor(prompt + completion.token_ids)
+            feats = recorder.features(slot, len(ids) - 1)
+            p = torch.softmax(target.lm_head(feats[-1][len(prompt) - 1:].float()), dim=-1)  # [R, V]
+            soft += p.sum(0, dtype=torch.float64)
+            values, indices = p.topk(min(config.top_k, p.shape[-1]), dim=-1)
+            out.ids.append(ids)
+            out.prompt_lens.append(len(prompt))
+            out.features.append(feats)
+            out.top_p.append(values.half())
+            out.top_ids.append(indices)
+        bar.update(1)
+        bar.set_postfix(tokens=sum(len(i) - l for i, l in zip(out.ids, out.prompt_lens)))
+        elapsed = time.perf_counter() - start
+        if seconds is not None and elapsed * (b + 2) / (b + 1) > seconds:  # the next batch would overrun
+            break
+    bar.close()
+    return out, soft
+
+
+def _batch(rollouts: Rollouts, idx: list[int], layers: tuple[int, ...]):
+    """Right-padded ids [B, S], pad mask [B, S], features {layer: [B, S, H]} (zeros at the last
+    position and in padding), and the loss map: r_index [B, S] = the row of p that row i of the
+    chain predicts (i + 2 - L), -1 where none."""
+    S = max(len(rollouts.ids[i]) for i in idx)
+    B = len(idx)
+    ids = torch.zeros(B, S, dtype=torch.long)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    feats = {layer: torch.zeros(B, S, rollouts.features[idx[0]][layer].shape[-1]) for layer in layers}
+    r_index = torch.full((B, S), -1, dtype=torch.long)
+    for b, i in enumerate(idx):
+        n, L, R = len(rollouts.ids[i]), rollouts.prompt_lens[i], len(rollouts.top_p[i])
+        ids[b, :n], pad[b, :n] = rollouts.ids[i], True
+        for layer in layers:
+            feats[layer][b, :n - 1] = rollouts.features[i][layer].float()
+        rows = torch.arange(max(L - 2, 0), min(L - 2 + R, S))
+        r_index[b, rows] = rows + 2 - L
+    return ids, pad, feats, r_index
+
+
+def _chain_terms(head: DraftHead, rollouts: Rollouts, idx: list[int], config: TrainHeadConfig,
+                 t2d: torch.Tensor | None, full_p: list[torch.Tensor] | None = None):
+    """Per depth: (log q [P, V_out], p on the support [P, V_out], p's full-vocab top id [P]) at the
+    positions that count (anchor e = i - j + 1 >= L - 2 and a response token to predict)."""
+    ids, pad, feats, r_index = _batch(rollouts, idx, head.hidden_layers)
+    g_per_depth = head.forward_train(feats, ids, pad, config.depth)
+    L = torch.tensor([rollouts.prompt_lens[i] for i in idx]).unsqueeze(1)  # [B, 1]
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    terms = []
+    for j, g in enumerate(g_per_depth):
+        valid = (r_index >= 0) & (positions - j >= L - 2)  # [B, S]
+        b_idx, i_idx = valid.nonzero(as_tuple=True)
+        r = r_index[b_idx, i_idx]
+        logq = torch.log_softmax(head.logits(g[b_idx, i_idx]).float(), dim=-1)  # [P, V_out]
+        if full_p is not None:  # held-out: p in full, exact
+            p_full = torch.stack([full_p[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())]).float()
+            p = p_full if head.d2t is None else p_full[:, head.d2t]
+            top = p_full.argmax(-1)
+        else:
+            top_ids = torch.stack([rollouts.top_ids[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())])
+            top_p = torch.stack([rollouts.top_p[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())]).float()
+            cols = top_ids if t2d is None else t2d[top_ids]
+            p = torch.zeros_like(logq).scatter_add_(-1, cols.clamp_min(0), top_p * (cols >= 0))
+            top = top_ids[:, 0]
+        terms.append((logq, p, top))
+    return terms
+
+
+def _full_p(target: LlamaModel, rollouts: Rollouts) -> list[torch.Tensor]:
+    """Held-out: p over the whole vocabulary at every response-predicting position, [R, V] each."""
+    return [torch.softmax(target.lm_head(f[-1][L - 1:].float()), dim=-1)
+            for f, L in zip(rollouts.features, rollouts.prompt_lens)]
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, held: Rollouts, full_p: list[torch.Tensor], config: TrainHeadConfig) -> dict:
+    """Exact held-out means per depth: loss (p renormalised on the support), acceptance sum_x min(p, q),
+    top-1 agreement with argmax p; and tau_est = 1 + a1 + a1 a2 + ... (acceptance length if depths
+    were independent)."""
+    head.eval()
+    sums = [{"loss": 0.0, "acceptance": 0.0, "top1": 0.0, "n": 0} for _ in range(config.depth)]
+    for s in range(0, len(held.ids), config.micro_batch):
+        idx = list(range(s, min(s + config.micro_batch, len(held.ids))))
+        for j, (logq, p, top) in enumerate(_chain_terms(head, held, idx, config, None, full_p)):
+            q = logq.exp()
+            sums[j]["loss"] += float(soft_cross_entropy(logq, p).sum())
+            sums[j]["acceptance"] += float(torch.minimum(p, q).sum())
+            q_top = logq.argmax(-1) if head.d2t is None else head.d2t[logq.argmax(-1)]
+            sums[j]["top1"] += float((q_top == top).sum())
+            sums[j]["n"] += p.shape[0]
+    per_depth = [{k: round(v[k] / max(v["n"], 1), 4) for k in ("loss", "acceptance", "top1")} for v in sums]
+    tau, prefix = 1.0, 1.0
+    for d in per_depth:
+        prefix *= d["acceptance"]
+        tau += prefix
+    return {"per_depth": per_depth, "tau_est": round(tau, 3)}
+
+
+def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config: TrainHeadConfig) -> tuple[float, int]:
+    """Soft cross-entropy over chain depths; returns (mean loss of the last 20 steps, steps taken)."""
+    weights = [config.depth_decay ** j for j in range(config.depth)]
+
+    def loss_of(idx: list[int]) -> torch.Tensor:
+        terms = _chain_terms(head, rollouts, idx, config, t2d)
+        return sum(w * soft_cross_entropy(logq, p).mean() for w, (logq, p, _) in zip(weights, terms)) / sum(weights)
+
+    head.train()
+    batches = shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7)
+    result = fit([p for p in head.parameters() if p.requires_grad], lambda step: loss_of(next(batches)),
+                 config.steps, config.lr, 10, f"train {head.kind}", seconds=config.train_seconds)
+    head.eval()
+    return result
+
+
+def new_head(kind: str, target: LlamaModel, soft_counts: torch.Tensor, draft_vocab: int) -> DraftHead:
+    if kind == "mtp":
+        return MTPHead.from_target(target)
+    vocab = target.cfg.vocab_size
+    if draft_vocab == 0 or draft_vocab >= vocab:
+        return Eagle3Head.from_target(target)
+    d2t = torch.sort(torch.topk(soft_counts, draft_vocab).indices).values  # [N] ascending target ids
+    return Eagle3Head.from_target(target, d2t=d2t)
+
+
+def train_head(target_name: str, target_dir, out, config: TrainHeadConfig) -> dict:
+    """Collect rollouts, build and train the head, evaluate it held-out, save it to `out`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    t0 = time.perf_counter()
+    try:
+        torch.manual_seed(config.seed)
+        tokenizer = load_tokenizer(target_dir)
+        target = LlamaModel.from_pretrained(target_dir)
+        layers = (MTPHead.hidden_layers if config.kind == "mtp"
+                  else engine_layers(default_aux_layers(target.cfg.num_hidden_layers)))  # what the head reads
+        held, _ = collect_rollouts(target, tokenizer, preset_prompts(target_name, tokenizer, config.held_out_prompts,
+                                                                     config.seed + 1000),
+                                   layers, config, config.seed + 1000, None, "sample held-out")
+        rollouts, soft = collect_rollouts(target, tokenizer, preset_prompts(target_name, tokenizer, config.prompts,
+                                                                            config.seed),
+                                          layers, config, config.seed, config.sample_seconds, "sample rollouts")
+        sampled_at = time.perf_counter()
+        head = new_head(config.kind, target, soft, config.draft_vocab)
+        t2d = None
+        if head.d2t is not None:
+            t2d = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
+            t2d[head.d2t] = torch.arange(len(head.d2t))
+        full_p = _full_p(target, held)
+        before = evaluate(head, held, full_p, config)
+        train_loss, steps = train(head, rollouts, t2d, config)
+        after = evaluate(head, held, full_p, config)
+    finally:
+        torch.set_num_threads(threads)
+    tokens = sum(len(i) - l for i, l in zip(rollouts.ids, rollouts.prompt_lens))
+    summary = {
+        "target": str(target_dir), "kind": config.kind, "draft_vocab": head.output_vocab_size,
+        "train_rollouts": len(rollouts.ids), "train_tokens": tokens,
+        "held_out_tokens": sum(len(i) - l for i, l in zip(held.ids, held.prompt_lens)),
+        "before": before, "after": after, "train_loss_final": round(train_loss, 4), "train_steps": steps,
+        "sample_seconds": round(sampled_at - t0, 1), "seconds": round(time.perf_counter() - t0, 1),
+    }
+    save_atomically(out, lambda tmp: (head.save(tmp), tokenizer.save_pretrained(tmp)),
+                    {"config": asdict(config), "summary": summary})
+    return {**summary, "out": str(out)}

@@ -1,0 +1,55 @@
+"""The optimisation loop every non-RL training in specrl uses: tiny pretraining, draft
+distillation, head training.
+
+AdamW (betas 0.9, 0.95), linear warm-up over `warmup` steps then cosine decay to lr / 10,
+gradient norm clipped at 1. It stops after `steps` optimiser steps or `seconds` of wall
+time, whichever comes first, and shows a progress bar with the recent mean loss.
+`shuffled_batches` feeds it shuffled passes over a dataset in micro-batches.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+
+def learning_rate(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up to `lr` over `warmup` steps, then cosine to lr / 10 at step `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(steps - warmup, 1)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def shuffled_batches(size: int, micro_batch: int, seed: int) -> Iterator[list[int]]:
+    """Endless shuffled passes over range(size), `micro_batch` indices at a time (the last of a pass may be short)."""
+    order = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(size, generator=order).tolist()
+        for start in range(0, len(perm), micro_batch):
+            yield perm[start:start + micro_batch]
+
+
+def fit(params: list[torch.Tensor], loss_fn: Callable[[int], torch.Tensor], steps: int, lr: float, warmup: int,
+        desc: str, weight_decay: float = 0.0, seconds: float = math.inf, window: int = 20) -> tuple[float, int]:
+    """Minimise `loss_fn(step)`; returns (mean loss of the last `window` steps, steps taken)."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    start, recent, step = time.perf_counter(), [], 0
+    bar = tqdm(total=steps, desc=desc, unit="step", dynamic_ncols=True)
+    while step < steps and time.perf_counter() - start < seconds:
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, lr, warmup, steps)
+        loss = loss_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        recent = (recent + [loss.item()])[-window:]
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}")
+    bar.close()
+    return sum(recent) / max(len(recent), 1), step

@@ -1,0 +1,72 @@
+"""Helpers the tests share (imported as `helpers`; fixtures stay in conftest.py).
+
+Tiny random-weight checkpoints built in the test run, and loaders that only tests need.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+
+def save_random_checkpoint(path, arch: str = "llama", layers: int = 2, hidden: int = 64, vocab: int = 40,
+                           seed: int = 0, max_positions: int = 256):
+    """Write a random-weight `arch` checkpoint (safetensors + config.json) to `path`; return the HF model."""
+    import transformers
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[arch]
+    extra = {"head_dim": hidden // 4} if arch == "qwen3" else {}
+    cfg = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                     eos_token_id=None, bos_token_id=None, pad_token_id=None, **extra)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # sharper logits than the default init, so samples are not near-uniform
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(path)
+    return model
+
+
+def load_reduced_draft(path: Path):
+    """Load a reduced-vocabulary draft with transformers (JSON + safetensors only).
+
+    The returned model's logits are [.., N]; its `d2t` buffer maps them to target ids.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specrl.models.reduced_vocab import D2T_KEY, _attach_reduced_head
+
+    path = Path(path)
+    config_dict = json.loads((path / "config.json").read_text())
+    n = config_dict.get("draft_vocab_size")
+    if n is None:
+        raise ValueError(f"{path}/config.json has no draft_vocab_size: not a reduced-vocabulary draft")
+    config = LlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "transformers_version")})
+    tensors = load_file(str(path / "model.safetensors"))
+    if D2T_KEY not in tensors:
+        raise ValueError(f"{path}/model.safetensors has no {D2T_KEY!r} tensor (draft-to-target id map)")
+    d2t = tensors.pop(D2T_KEY)
+    if d2t.numel() != n or tensors["lm_head.weight"].shape[0] != n:
+        raise ValueError(f"{path}: draft_vocab_size {n} disagrees with d2t {tuple(d2t.shape)} "
+                         f"or lm_head.weight {tuple(tensors['lm_head.weight'].shape)}")
+    model = LlamaForCausalLM(config)
+    _attach_reduced_head(model, d2t.long())
+    model.load_state_dict(tensors, strict=True)
+    return model.float().eval()
+
+
+def parse_arithmetic_prompt(prompt: str):
+    """The arithmetic problem behind a prompt built by `Problem.prompt`."""
+    from specrl.tasks.arithmetic import Problem
+
+    match = re.fullmatch(r"Q:(\d+)([+\-*])(\d+)\nA:", prompt)
+    if not match:
+        raise ValueError(f"not an arithmetic prompt: {prompt!r}")
+    return Problem(int(match.group(1)), match.group(2), int(match.group(3)))

@@ -1,0 +1,66 @@
+"""Distillation loss and agreement metrics, by hand, and the alignment of sampled targets."""
+import math
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrl.training.losses import agreement, distill_loss, mean_agreement
+from specrl.rl.sequences import train_batch
+from specrl.training.draft_distillation import TrainDraftConfig, _flat_targets, sample_with_distributions
+
+
+def _logits(probs):
+    return torch.tensor(probs).log().view(1, 1, -1)
+
+
+def test_identical_distributions_accept_always_and_agree_on_top1():
+    p = _logits([0.5, 0.3, 0.2])
+    stats = mean_agreement(agreement(p, p, torch.ones(1, 1)))
+    assert math.isclose(stats["acceptance"], 1.0, rel_tol=1e-6)
+    assert stats["top1"] == 1.0
+    entropy = -(0.5 * math.log(0.5) + 0.3 * math.log(0.3) + 0.2 * math.log(0.2))
+    assert math.isclose(stats["loss"], entropy, rel_tol=1e-5)
+
+
+def test_acceptance_is_the_overlap_of_p_and_q_by_hand():
+    p, q = _logits([0.7, 0.2, 0.1]), _logits([0.1, 0.2, 0.7])
+    stats = mean_agreement(agreement(p, q, torch.ones(1, 1)))
+    assert math.isclose(stats["acceptance"], 0.1 + 0.2 + 0.1, rel_tol=1e-5)
+    assert stats["top1"] == 0.0
+
+
+def test_reduced_support_renormalises_p_for_the_loss_but_not_for_acceptance():
+    p = _logits([0.4, 0.4, 0.2])  # target vocabulary of 3
+    q = _logits([0.5, 0.5])  # draft scores target ids 0 and 1 only
+    d2t = torch.tensor([0, 1])
+    stats = mean_agreement(agreement(p, q, torch.ones(1, 1), d2t))
+    assert math.isclose(stats["acceptance"], 0.8, rel_tol=1e-5)  # p's mass on id 2 is never accepted
+    assert math.isclose(stats["loss"], math.log(2), rel_tol=1e-5)  # p~ = (0.5, 0.5)
+    assert math.isclose(float(distill_loss(p, q, torch.ones(1, 1), d2t)), math.log(2), rel_tol=1e-5)
+
+
+def test_masked_positions_do_not_count():
+    p = torch.randn(1, 2, 5)
+    q = p.clone()
+    q[0, 1] = torch.randn(5)
+    only_first = mean_agreement(agreement(p, q, torch.tensor([[1.0, 0.0]])))
+    assert math.isclose(only_first["acceptance"], 1.0, rel_tol=1e-6)
+
+
+def test_sampled_distributions_line_up_with_a_teacher_forward_pass():
+    """p stored at response step t must equal the target's softmax at position len(prompt)-1+t."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, pad_token_id=2)
+    target = LlamaForCausalLM(config).eval()
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    settings = TrainDraftConfig(max_new_tokens=6, top_k=48)
+    samples = sample_with_distributions(target, prompts, settings, seed=3, keep_full=True)
+    d2t = torch.arange(48)
+    batch = train_batch(samples.prompts, samples.responses, pad_id=0)
+    with torch.no_grad():
+        expected = torch.softmax(target(input_ids=batch.ids, attention_mask=batch.attention_mask).logits, -1)
+    for full in (True, False):
+        got = _flat_targets(samples, [0, 1], d2t, d2t, full=full)
+        torch.testing.assert_close(got, expected[batch.loss_mask.bool()], atol=2e-3, rtol=2e-2)  # float16 storage
+    assert torch.allclose(samples.soft_counts.sum(), torch.tensor(float(sum(map(len, samples.responses)))).double(), atol=1e-3)
