@@ -11,6 +11,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from specrl.speculation.eagle3 import Eagle3Head
+from specrl.speculation.mtp import MTPHead
+
 
 def save_random_checkpoint(path, arch: str = "llama", layers: int = 2, hidden: int = 64, vocab: int = 40,
                            seed: int = 0, max_positions: int = 256):
@@ -32,6 +35,22 @@ def save_random_checkpoint(path, arch: str = "llama", layers: int = 2, hidden: i
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(path)
     return model
+
+
+def jittered(head):
+    """A head initialised from its target, then moved off it: drafts that are often but not always right."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return head.eval()
+
+
+def make_head(kind, target):
+    """An EAGLE-3 head (reduced vocabulary: every other id) or an MTP head for `target`, jittered."""
+    if kind == "eagle3":
+        return jittered(Eagle3Head.from_target(target, d2t=torch.arange(0, 40, 2)))
+    return jittered(MTPHead.from_target(target))
 
 
 def load_reduced_draft(path: Path):

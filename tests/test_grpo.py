@@ -1,4 +1,6 @@
-"""GRPO pieces against hand calculations."""
+"""GRPO pieces against hand calculations, the truncated IS weight of stale batches included."""
+import math
+
 import pytest
 import torch
 
@@ -63,3 +65,33 @@ def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
     _, at_ref = grpo_loss(lp, lp, torch.zeros(1), torch.ones(1, 2), cfg, ref_logprobs=lp)
     _, away = grpo_loss(lp, lp, torch.zeros(1), torch.ones(1, 2), cfg, ref_logprobs=lp - 0.5)
     assert at_ref["kl"] == 0 and away["kl"] > 0
+
+
+def test_truncated_is_weight_on_hand_cases():
+    # one response of three tokens, advantage 2; b = behaviour, x = proximal (the current weights)
+    b = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.9)]])
+    x = torch.tensor([[math.log(0.6), math.log(0.8), math.log(0.45)]])
+    mask = torch.ones(1, 3)
+    config = GRPOConfig(group_size=2, is_cap=2.0)
+    current = x.clone().requires_grad_(True)
+    loss, stats = grpo_loss(current, b, torch.tensor([2.0]), mask, config, proximal_logprobs=x)
+    weights = [0.6 / 0.5, min(0.8 / 0.2, 2.0), 0.45 / 0.9]  # [1.2, 4 -> 2 (truncated), 0.5]
+    assert loss.item() == pytest.approx(-2.0 * sum(weights) / 3, rel=1e-6)
+    assert stats["is_weight"] == pytest.approx(sum(weights) / 3, rel=1e-6)
+    assert stats["is_truncated_fraction"] == pytest.approx(1 / 3)
+    loss.backward()  # rho = exp(l - x) == 1: the gradient is -w * A / N per token
+    assert torch.allclose(current.grad, torch.tensor([[-2.0 * w / 3 for w in weights]]), atol=1e-6)
+
+
+def test_without_lag_the_decoupled_loss_equals_the_plain_grpo_loss():
+    torch.manual_seed(0)
+    b = torch.randn(2, 4).log_softmax(-1)
+    l1 = (b + 0.1 * torch.randn(2, 4)).requires_grad_(True)
+    l2 = l1.detach().clone().requires_grad_(True)
+    adv, mask, config = torch.tensor([1.0, -0.5]), torch.ones(2, 4), GRPOConfig(group_size=2)
+    plain, _ = grpo_loss(l1, b, adv, mask, config)
+    decoupled, stats = grpo_loss(l2, b, adv, mask, config, proximal_logprobs=b)  # proximal == behaviour
+    plain.backward()
+    decoupled.backward()
+    assert stats["is_weight"] == pytest.approx(1.0)
+    assert torch.allclose(plain, decoupled) and torch.allclose(l1.grad, l2.grad)

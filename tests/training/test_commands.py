@@ -15,6 +15,7 @@ def parser():
     return p
 
 
+@pytest.mark.slow
 def test_pretrain_returns_a_summary_with_loss_accuracy_seconds_and_out(parser, tmp_path):
     args = parser.parse_args(["pretrain", "--steps", "2", "--draft-steps", "1", "--batch-size", "4", "--out", str(tmp_path)])
     summary = args.func(args)

@@ -8,7 +8,7 @@ import torch
 
 from specrl.generation import GenerateResult
 from specrl.sampling import SamplingParams
-from specrl.speculation.registry import ModelDraftChoice, ProposerChoice, draft_kind
+from specrl.speculation.proposer_registry import ModelDraftChoice, ProposerChoice, draft_kind
 from specrl.validation import check_fields, within
 
 
@@ -20,7 +20,7 @@ class BackendConfig:
 
     backend: Literal["embedded", "vllm"] = "embedded"
     model: str = "tiny"  # a registered model name (tiny, smollm2-135m) or a checkpoint directory
-    # none, or a kind of `specrl.speculation.registry`: ngram (prompt lookup) | suffix (sibling rollouts) |
+    # none, or a kind of `specrl.speculation.proposer_registry`: ngram (prompt lookup) | suffix (sibling rollouts) |
     # draft (a draft model) | eagle3 | mtp (hidden-state heads) | hybrid (`hybrid_model` or suffix per step)
     proposer: ProposerChoice = "none"
     draft: str | None = None  # checkpoint of the draft / eagle3 / mtp head; None = the model's registered one

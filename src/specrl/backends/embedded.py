@@ -12,7 +12,7 @@ from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.hybrid import HybridProposer
-from specrl.speculation.registry import build_proposer
+from specrl.speculation.proposer_registry import build_proposer
 
 
 class EmbeddedBackend:

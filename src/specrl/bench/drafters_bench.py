@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 from specrl.backends import BackendConfig, make_backend
 from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
-from specrl.speculation.registry import MODEL_DRAFTS, PROPOSER_NAMES
+from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
 

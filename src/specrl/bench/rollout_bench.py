@@ -19,7 +19,7 @@ from specrl.backends import BackendConfig, make_backend
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
-from specrl.speculation.registry import PROPOSER_NAMES
+from specrl.speculation.proposer_registry import PROPOSER_NAMES
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
 

@@ -9,7 +9,7 @@ from specrl.bench.async_bench import AsyncBenchConfig, run_async_bench
 from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
 from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
-from specrl.speculation.registry import MODEL_DRAFTS, PROPOSER_NAMES
+from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
 from specrl.validation import choices
 
 
@@ -27,14 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--backend", default=d.backend, choices=choices(RolloutBenchConfig, "backend"))
     p.add_argument("--batch", type=int, default=d.batch, help="rows per call = prompts x n (default: %(default)s)")
     p.add_argument("--n", type=int, default=d.n, help="samples per prompt, a GRPO group (default: %(default)s)")
-    p.add_argument("--k", type=int, default=d.k, help="num_speculative_tokens, the most drafts per step")
-    p.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--rounds", type=int, default=d.rounds, help="timed rounds; medians reported")
     p.add_argument("--no-hf", action="store_true", help="skip timing transformers generate")
-    p.add_argument("--seed", type=int, default=d.seed)
-    add_threads_flag(p)
+    _add_sampling_flags(p, d)
     p.set_defaults(func=run)
 
     c = DraftersBenchConfig()
@@ -49,16 +43,10 @@ def register(subparsers) -> None:
     q.add_argument("--proposers", default=",".join(c.proposers), help="comma-separated subset of " + ",".join(PROPOSER_NAMES))
     q.add_argument("--batches", default=",".join(map(str, c.batches)), help="comma-separated batch sizes (default: %(default)s)")
     q.add_argument("--n", type=int, default=c.n, help="samples per prompt, capped at the batch (default: %(default)s)")
-    q.add_argument("--k", type=int, default=c.k, help="num_speculative_tokens (default: %(default)s)")
-    q.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
     q.add_argument("--hybrid-model", default=c.hybrid_model, choices=MODEL_DRAFTS,
                    help="the model-draft half of the hybrid (default: %(default)s)")
-    q.add_argument("--max-tokens", type=int, default=c.max_tokens)
-    q.add_argument("--temperature", type=float, default=c.temperature)
-    q.add_argument("--rounds", type=int, default=c.rounds, help="timed rounds; medians reported")
-    q.add_argument("--seed", type=int, default=c.seed)
     q.add_argument("--plot", default=c.plot, help="PNG path for the speedup plot (default: %(default)s)")
-    add_threads_flag(q)
+    _add_sampling_flags(q, c)
     q.set_defaults(func=run_drafters)
 
     a = AsyncBenchConfig()
@@ -74,6 +62,19 @@ def register(subparsers) -> None:
                    help="the async run's proposer (default: %(default)s)")
     r.add_argument("--max-staleness", type=int, default=a.max_staleness, help="the async run's staleness bound")
     r.set_defaults(func=run_async)
+
+
+def _add_sampling_flags(parser, defaults) -> None:
+    """K, sampling, rounds, seed and threads: the flags both speculation benches share."""
+    parser.add_argument("--k", type=int, default=defaults.k, help="num_speculative_tokens, the most drafts per step "
+                                                                   "(default: %(default)s)")
+    parser.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="response cap (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="(default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=defaults.rounds, help="timed rounds; medians reported "
+                                                                           "(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="(default: %(default)s)")
+    add_threads_flag(parser)
 
 
 def run(args) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from specrl.speculation.registry import MODEL_DRAFTS
+    from specrl.speculation.proposer_registry import MODEL_DRAFTS
     from specrl.training.draft_distillation import TrainDraftConfig
     from specrl.training.head_training import TrainHeadConfig
 

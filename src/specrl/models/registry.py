@@ -26,7 +26,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from specrl.models.checkpoint import weight_files
-from specrl.speculation.registry import MODEL_DRAFTS
+from specrl.speculation.proposer_registry import MODEL_DRAFTS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 TARGETS = ("tiny", "smollm2-135m")

@@ -8,7 +8,7 @@ What it does, in order (seeded; CPU threads set on purpose):
 2. Targets: p at each response position = softmax(final normed state @ lm_head), temperature 1;
    its top-k entries are kept. EAGLE-3's reduced output vocabulary is the N ids with the
    largest expected count sum_t p_t(x) (`d2t`).
-3. Training-time test (see `spec.head_layer`): the head runs chain elements 1..depth over
+3. Training-time test (see `speculation.head_layer`): the head runs chain elements 1..depth over
    every sequence at once and is trained with soft cross-entropy against p, restricted to
    its support and renormalised, depth j weighted by decay^(j-1). Only anchors the engine
    drafts from (the prompt's last position onwards) count.
@@ -33,7 +33,7 @@ from specrl.speculation.draft_head import DraftHead, default_aux_layers
 from specrl.speculation.eagle3 import Eagle3Head, engine_layers
 from specrl.speculation.hidden_recorder import HiddenStateRecorder
 from specrl.speculation.mtp import MTPHead
-from specrl.speculation.registry import HEAD_KINDS
+from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.training.loop import fit, shuffled_batches
 from specrl.training.losses import soft_cross_entropy
 from specrl.validation import check_fields, within

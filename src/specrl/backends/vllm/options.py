@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 
 from specrl.backends.base import BackendConfig
 from specrl.models.registry import draft_checkpoint
-from specrl.speculation.registry import KINDS
+from specrl.speculation.proposer_registry import KINDS
 from specrl.validation import check_fields, within
 
 # rejection_sample_method values that keep the target distribution exactly
