@@ -113,3 +113,71 @@ def test_unknown_backend_or_proposer_is_named():
         BackendConfig(backend="tgi")
     with pytest.raises(ValueError, match="proposer must be one of"):
         BackendConfig(proposer="medusa")
+
+
+BAD_MAPS = [  # the draft's 7 output rows map to target ids d2t; the target has 40
+    (torch.tensor([1, 1, 3, 4, 5, 6, 7]), "same target id"),
+    (torch.tensor([1.0, 2, 3, 4, 5, 6, 7]), "integer"),
+    (torch.tensor([1, 2, 3]), "one id per output row|integer offsets"),
+    (torch.tensor([1, 2, 3, 4, 5, 6, 99]), "outside the target vocabulary"),
+    (torch.tensor([-1, 2, 3, 4, 5, 6, 7]), "outside the target vocabulary"),
+]
+
+
+def _replace_tensor(folder, name, value):
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors[name] = value
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("d2t, message", BAD_MAPS, ids=["duplicate", "float", "short", "too-large", "negative"])
+def test_a_malformed_d2t_is_refused_by_the_draft_model_loader(tmp_path, target_dir, d2t, message):
+    """A d2t of [1, 1, 3] against a uniform target made first-token frequencies [.16 .27 .16 .27 .16]:
+    mass moved silently. Every load path checks dtype, length, range and uniqueness."""
+    import transformers
+
+    from specrl.models.reduced_vocab import build_draft, save_draft
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir)
+    save_draft(build_draft(target, 1, torch.arange(0, 14, 2)), tmp_path / "draft")
+    _replace_tensor(tmp_path / "draft", "d2t", d2t)
+    with pytest.raises(ValueError, match=message):
+        LlamaModel.from_pretrained(tmp_path / "draft")
+
+
+@pytest.mark.parametrize("d2t, message", BAD_MAPS, ids=["duplicate", "float", "short", "too-large", "negative"])
+def test_a_malformed_d2t_is_refused_by_the_eagle3_loader(tmp_path, target_dir, d2t, message):
+    from specrl.speculation.eagle3 import Eagle3Head
+    from specrl.speculation.proposer_registry import load_head
+
+    target = LlamaModel.from_pretrained(target_dir)
+    Eagle3Head.from_target(target, d2t=torch.arange(0, 14, 2)).save(tmp_path / "head")
+    offsets = d2t - torch.arange(len(d2t)) if len(d2t) == 7 else d2t  # vLLM's layout stores offsets
+    _replace_tensor(tmp_path / "head", "d2t", offsets)
+    with pytest.raises(ValueError, match=message):
+        load_head(tmp_path / "head", target, "eagle3")
+
+
+@pytest.mark.parametrize("where", ["sync_weights", "checkpoint"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_inf_weights_are_refused_by_name(tmp_path, target_dir, where, bad):
+    model = LlamaModel.from_pretrained(target_dir)
+    state = load_file(str(target_dir / "model.safetensors"))
+    state["model.layers.0.mlp.up_proj.weight"][3, 4] = bad
+    if where == "sync_weights":
+        before = model.layers[0]["gate_up"].weight.clone()
+        with pytest.raises(ValueError, match="model.layers.0.mlp.up_proj.weight.*NaN or infinite"):
+            model.load_weights(state)
+        assert torch.equal(model.layers[0]["gate_up"].weight, before)  # nothing was replaced
+    else:
+        shutil.copytree(target_dir, tmp_path / "ckpt")
+        save_file(state, str(tmp_path / "ckpt" / "model.safetensors"))
+        with pytest.raises(ValueError, match="model.layers.0.mlp.up_proj.weight.*NaN or infinite"):
+            LlamaModel.from_pretrained(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("prompt", [[5, 6.0], [5, "a"], [[5, 6]], None, [5, True]])
+def test_a_prompt_that_is_not_text_or_integer_ids_is_named(target_dir, prompt):
+    engine = RolloutEngine(LlamaModel.from_pretrained(target_dir))
+    with pytest.raises(ValueError, match="prompt 1 must be text or a list of integer token ids"):
+        engine.generate([[1, 2], prompt], SamplingParams(max_tokens=4))

@@ -26,6 +26,7 @@ from specrl.speculation.eagle3 import Eagle3Head
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.hybrid import HybridProposer
 from specrl.speculation.mtp import MTPHead
+from specrl.speculation.proposer_registry import PROPOSER_NAMES
 from specrl.speculation.ngram import NgramProposer
 from specrl.speculation.suffix import SuffixProposer
 
@@ -144,6 +145,25 @@ def test_rollout_logprobs_equal_trainer_logprobs(target_dir, draft_dir, temperat
         assert completion.versions == [0] * len(completion.token_ids)
 
 
+@pytest.mark.parametrize("truncation", [{"top_p": 0.7}, {"top_k": 20}, {"top_k": 5, "top_p": 0.9}])
+def test_truncated_rollout_logprobs_equal_the_trainers_under_the_same_truncation(target_dir, draft_dir, truncation):
+    """top-k / top-p change the distribution tokens are drawn from; the engine records logprobs under it and
+    the trainer's `token_logprobs` with the same settings scores the same tokens identically."""
+    import transformers
+
+    from specrl.rl.trainer import token_logprobs
+
+    engine = make_engine(target_dir, "draft", draft_dir)
+    result = engine.generate(PROMPTS, SamplingParams(max_tokens=12, seed=1, ignore_eos=True, **truncation))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    for prompt, completion in zip(PROMPTS, result.completions):
+        seq = torch.tensor([prompt + completion.token_ids])
+        with torch.no_grad():
+            trainer = token_logprobs(hf(seq).logits, seq, 1.0, **truncation)[0, len(prompt) - 1:-1]
+        assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-4)
+        assert torch.isfinite(trainer).all()
+
+
 def test_n_samples_are_grouped_per_prompt_and_differ(target_dir):
     result = make_engine(target_dir).generate(PROMPTS[:2], SamplingParams(n=4, max_tokens=10, seed=0, ignore_eos=True))
     assert [(c.prompt_index, c.sample_index) for c in result.completions] == list(itertools.product(range(2), range(4)))
@@ -204,3 +224,68 @@ def test_stop_string_cuts_the_text_and_ends_the_response():
     assert cut.text == plain.text[: plain.text.index("+")]
     assert cut.token_ids == plain.token_ids[: len(cut.token_ids)]
     assert backend.tokenizer.decode(cut.token_ids).endswith("+")
+
+
+class SparseTextTokenizer:
+    """Token ids of the 40-token test models: even ids decode to no text at all, odd ids to 'a' or 'b'."""
+
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("" if i % 2 == 0 else "ab"[(i // 2) % 2] for i in ids)
+
+
+def test_a_stop_string_spread_over_tokens_without_text_still_ends_the_response(target_dir):
+    """Tokens that decode to nothing (a byte of a split character, a special token) must not hide a stop
+    string: a tail of a fixed number of tokens can hold fewer characters than the stop string."""
+    engine = make_engine(target_dir)
+    engine.tokenizer = tokenizer = SparseTextTokenizer()
+    stop = ("abba",)
+    result = engine.generate(PROMPTS, SamplingParams(n=8, max_tokens=60, seed=0, stop=stop, ignore_eos=True))
+    stopped = 0
+    for completion in result.completions:
+        text = tokenizer.decode(completion.token_ids)
+        if completion.finish_reason == "stop":
+            stopped += 1
+            assert text.endswith("abba") or "abba" in text[-4 - 0:]  # completed by the last kept token
+            assert "abba" not in tokenizer.decode(completion.token_ids[:-1])  # and not before it
+            assert completion.text == text[:text.index("abba")]
+        else:
+            assert "abba" not in text
+    assert stopped >= 4
+
+
+class RecordingProposer:
+    """Wraps a proposer and keeps every proposal it makes."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.hidden_layers, self.proposals = inner, inner.name, inner.hidden_layers, []
+
+    def start(self, *args):
+        self.inner.start(*args)
+
+    def observe(self, *args):
+        self.inner.observe(*args)
+
+    def select_rows(self, rows):
+        self.inner.select_rows(rows)
+
+    def propose(self, context, k):
+        proposal = self.inner.propose(context, k)
+        self.proposals.append(proposal)
+        return proposal
+
+
+@pytest.mark.parametrize("proposer", PROPOSER_NAMES)
+def test_every_proposers_q_is_a_distribution_over_the_target_vocabulary(target_dir, draft_dir, proposer):
+    """q [B, k, V] sums to 1 at every position (or the proposal is one-hot, q None), and every drafted
+    token is a target id with q(token) > 0: the premise of the verifier's theorem."""
+    engine = make_engine(target_dir, proposer, draft_dir)
+    engine.proposer = recorder = RecordingProposer(engine.proposer)
+    engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=12, seed=0, ignore_eos=True))
+    assert recorder.proposals
+    for proposal in recorder.proposals:
+        assert ((proposal.tokens >= 0) & (proposal.tokens < 40)).all()
+        if proposal.probs is not None:
+            torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(proposal.tokens.shape), atol=1e-5, rtol=0)
+            assert (proposal.probs.gather(-1, proposal.tokens.unsqueeze(-1)) > 0).all()

@@ -46,6 +46,19 @@ def test_rollout_logprobs_match_the_trainer_during_training(tmp_path, proposer):
     assert summary["steps_run"] == 2 and summary["acceptance_length"] > 1.0
 
 
+@pytest.mark.parametrize("truncation", [["rollout.top_p=0.7"], ["rollout.top_k=20"], ["rollout.top_k=5"]],
+                         ids=["top_p=0.7", "top_k=20", "top_k=5"])
+def test_truncated_sampling_is_scored_under_the_same_truncation(tmp_path, truncation):
+    """The engine samples from the top-k / top-p truncated distribution and records logprobs under it;
+    the trainer must score the same tokens under the same truncation, or every ratio starts below 1
+    (0.71-0.79 at top_p 0.7 before the fix) and negative-advantage tokens are clipped to no gradient."""
+    trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", "backend.proposer=ngram", *truncation))
+    trainer.run()
+    for record in trainer.history:
+        assert record["train"]["logprob_abs_error_max"] < 1e-4
+    assert trainer.history[0]["train"]["clip_fraction"] == 0.0  # ratio == 1 on the first update
+
+
 def test_engine_after_weight_sync_produces_the_trainers_logprobs(tmp_path):
     trainer = SyncTrainer(small_config(tmp_path, "run.steps=1"))
     trainer.run()  # one optimiser step with lr 1e-3, then sync as version 1
@@ -123,6 +136,14 @@ def test_unknown_config_key_is_named():
 
 
 def test_bad_config_value_is_named():
+    for override, message in (("rollout.top_p=0", "rollout.top_p must be in \\(0, 1\\], got 0"),
+                              ("rollout.top_p=1.5", "rollout.top_p must be in \\(0, 1\\], got 1.5"),
+                              ("rollout.temperature=NaN", "rollout.temperature must be a finite number"),
+                              ("rollout.top_k=-3", "rollout.top_k must be >= 0"),
+                              ("task.size=0", "task.size must be >= 1"),
+                              ("grpo.clip_low=Infinity", "grpo.clip_low must be a finite number")):
+        with pytest.raises(ValueError, match=message):
+            load_config("tiny", overrides=[override])
     with pytest.raises(ValueError, match="rollout.temperature must be > 0"):
         load_config("tiny", overrides=["rollout.temperature=0"])
     with pytest.raises(ValueError, match="'optim.lr' expects"):
@@ -157,3 +178,40 @@ def test_a_fresh_run_refuses_to_drop_an_earlier_runs_checkpoints(tmp_path):
     with pytest.raises(ValueError, match="already holds a run's checkpoints: continue it with --resume"):
         SyncTrainer(small_config(tmp_path, "run.steps=1"))
     SyncTrainer(small_config(tmp_path, "run.steps=1", "run.overwrite=true")).run()
+
+
+def test_the_run_folder_is_checked_before_any_engine_is_built(tmp_path, monkeypatch):
+    SyncTrainer(small_config(tmp_path, "run.steps=1")).run()
+
+    def no_backend(*args, **kwargs):
+        raise AssertionError("the backend was built before the run folder was checked")
+
+    monkeypatch.setattr("specrl.pipeline.sync.make_backend", no_backend)
+    with pytest.raises(ValueError, match="already holds a run's checkpoints"):
+        SyncTrainer(small_config(tmp_path, "run.steps=1"))
+
+
+def test_resume_continues_the_run_in_the_folder_it_names_after_a_move(tmp_path):
+    """The saved config names the folder the run started in; --resume RUN_DIR wins, so a moved run
+    resumes where it now is and the old path is never recreated."""
+    from specrl import cli
+
+    first = tmp_path / "first"
+    SyncTrainer(small_config(first, "run.steps=2", "run.checkpoint_every=1")).run()
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    assert cli.main(["train", "--resume", str(moved), "run.steps=3"]) == 0
+    steps = [json.loads(line)["step"] for line in (moved / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3] and not first.exists()
+    assert json.loads((moved / "config.json").read_text())["run"]["run_dir"] == str(moved)
+
+
+def test_overrides_are_accepted_anywhere_on_the_command_line(tmp_path):
+    from specrl import cli
+
+    args = cli.parse(cli.build_parser(), ["train", "--preset", "tiny", "run.steps=4", "--pipeline", "async",
+                                          "pipeline.max_staleness=1", "--proposer", "ngram", "grpo.group_size=4"])
+    assert args.overrides == ["run.steps=4", "pipeline.max_staleness=1", "grpo.group_size=4"]
+    assert (args.pipeline, args.proposer) == ("async", "ngram")
+    with pytest.raises(SystemExit):
+        cli.parse(cli.build_parser(), ["train", "--no-such-flag"])

@@ -35,9 +35,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line; `key=value` overrides may stand anywhere on it, before or after options
+    (argparse alone would take only those before the first option into a command's `overrides`)."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    if overrides and hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, *overrides]
+        extra = [item for item in extra if item not in overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

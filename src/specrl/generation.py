@@ -42,8 +42,8 @@ class GenerateResult:
 def encode_prompts(prompts: list, tokenizer, vocab_size: int) -> list[list[int]]:
     """Token ids for each prompt: text is encoded without special tokens, ids are checked.
 
-    An empty prompt, text without a tokenizer, or an id outside 0..vocab_size-1 is an error
-    that names the prompt.
+    An empty prompt, text without a tokenizer, anything but text or a list of integer ids, or an
+    id outside 0..vocab_size-1 is an error that names the prompt.
     """
     encoded = []
     for i, prompt in enumerate(prompts):
@@ -51,8 +51,12 @@ def encode_prompts(prompts: list, tokenizer, vocab_size: int) -> list[list[int]]
             if tokenizer is None:
                 raise ValueError("string prompts need a tokenizer; pass token ids or give the engine a tokenizer")
             ids = tokenizer.encode(prompt, add_special_tokens=False)
-        else:
+        elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise ValueError(f"prompt {i} must be text or a list of integer token ids, got {prompt[:5]!r}")
+        else:
+            raise ValueError(f"prompt {i} must be text or a list of integer token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError(f"prompt {i} is empty")
         bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -45,18 +45,31 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k / top-p nucleus to -inf. logits [..., V] (already scaled)."""
-    if top_k and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p  # mass before this token already >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def truncation_mask(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """[..., V] bool: the tokens top-k, then top-p, drop from temperature-scaled logits (a constant:
+    no gradient flows through which tokens are kept)."""
+    with torch.no_grad():
+        drop = torch.zeros_like(scaled, dtype=torch.bool)
+        if top_k and top_k < scaled.shape[-1]:
+            kth = scaled.topk(top_k, dim=-1).values[..., -1:]
+            drop = scaled < kth
+        if top_p < 1.0:
+            kept = scaled.masked_fill(drop, float("-inf"))
+            sorted_logits, order = kept.sort(dim=-1, descending=True)
+            mass = sorted_logits.softmax(-1)
+            drop_sorted = mass.cumsum(-1) - mass >= top_p  # mass before this token already >= top_p
+            drop = drop | torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        return drop
+
+
+def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] log-probabilities of the (non-greedy) sampling distribution: logits / temperature,
+    top-k and top-p truncation, renormalised. The engine samples from it and the trainer scores the
+    same tokens under it, so their logprobs agree whatever the truncation."""
+    scaled = logits / params.temperature
+    if params.top_k or params.top_p < 1.0:
+        scaled = scaled.masked_fill(truncation_mask(scaled, params.top_k, params.top_p), float("-inf"))
+    return scaled.log_softmax(-1)
 
 
 def sampling_distribution(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +79,5 @@ def sampling_distribution(logits: torch.Tensor, params: SamplingParams) -> tuple
         logprobs = logits.log_softmax(-1)
         probs = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         return probs, logprobs
-    scaled = _filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
-    logprobs = scaled.log_softmax(-1)
+    logprobs = sampling_logprobs(logits, params)
     return logprobs.exp(), logprobs

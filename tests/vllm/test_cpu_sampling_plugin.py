@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 
 import pytest
 import torch
@@ -132,3 +133,65 @@ def test_rebinding_kernels_survives_objects_that_answer_every_attribute(monkeypa
     rebind_kernels([(original, wrapper)])
     assert module.copied is wrapper and module.owner.kernel is wrapper
     assert not hasattr(module.owner, "_kernel_arg_names")
+
+
+@pytest.fixture
+def unpatched(monkeypatch):
+    """vLLM's two patch points set to sentinels (restored afterwards), and the plugin's warn-once flag cleared."""
+    from vllm.triton_utils import dispatcher
+    from vllm.utils import cpu_triton_utils
+
+    sentinels = {"expand": object(), "rebind": object()}
+    monkeypatch.setattr(cpu_triton_utils, "_expand_kernel_impl", sentinels["expand"])
+    monkeypatch.setattr(dispatcher, "_rebind_kernels", sentinels["rebind"])
+    vllm_plugin.warn_untested_version.cache_clear()
+
+    def patched() -> dict:
+        return {"expand": cpu_triton_utils._expand_kernel_impl is not sentinels["expand"],
+                "rebind": dispatcher._rebind_kernels is not sentinels["rebind"]}
+    return patched
+
+
+def plugin_warnings(calls: int) -> list[str]:
+    """The messages of the warnings `calls` calls of register() issue, none filtered out."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(calls):
+            register()
+    return [str(w.message) for w in caught if "specrl's vLLM plugin" in str(w.message)]
+
+
+def test_on_an_untested_vllm_cpu_version_the_plugin_patches_nothing_and_warns_once(unpatched, monkeypatch):
+    monkeypatch.setattr(vllm_plugin, "installed_vllm_cpu_version", lambda: "0.33.1")
+    messages = plugin_warnings(calls=2)
+    assert unpatched() == {"expand": False, "rebind": False}
+    assert len(messages) == 1
+    assert "vllm-cpu 0.33.1" in messages[0] and "NOT patched" in messages[0] and "0.32.0" in messages[0]
+
+
+def test_where_vllm_is_not_vllm_cpu_the_plugin_does_nothing_and_says_nothing(unpatched, monkeypatch):
+    """On GPUs vLLM is the `vllm` distribution: Triton runs the real kernels, so there is nothing to fix."""
+    monkeypatch.setattr(vllm_plugin, "installed_vllm_cpu_version", lambda: None)
+    assert plugin_warnings(calls=2) == []
+    assert unpatched() == {"expand": False, "rebind": False}
+
+
+def test_on_the_tested_vllm_cpu_version_the_plugin_patches_both_points(unpatched):
+    assert vllm_plugin.installed_vllm_cpu_version() in vllm_plugin.TESTED_VLLM_CPU_VERSIONS
+    assert plugin_warnings(calls=1) == []
+    assert unpatched() == {"expand": True, "rebind": True}
+
+
+def test_a_speculative_engine_refuses_an_untested_vllm_cpu_even_with_the_plugin_registered(monkeypatch):
+    from specrl.backends import BackendConfig
+    from specrl.backends.vllm import VLLMBackend, VLLMOptions
+    from specrl.backends.vllm import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "plugin_is_registered", lambda: True)
+    monkeypatch.setattr(vllm_plugin, "installed_vllm_cpu_version", lambda: "0.33.1")
+    started = []
+    monkeypatch.setattr(backend_module, "start_engine", lambda *a, **k: started.append(a))
+    with pytest.raises(RuntimeError, match=r"patches only vllm-cpu 0\.32\.0; vllm-cpu 0\.33\.1 is installed"):
+        VLLMBackend(BackendConfig(backend="vllm", proposer="ngram"), VLLMOptions.for_tests())
+    assert not started
+    backend_module.require_sampling_fix(None)  # without speculation the kernel is never used: no refusal

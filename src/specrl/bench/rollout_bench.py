@@ -8,6 +8,7 @@ at temperature 1 the mean logprob of the sampled tokens must agree within noise.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import ClassVar, Literal
 import torch
 
 from specrl.backends import BackendConfig, make_backend
+from specrl.models.checkpoint import load_causal_lm, load_config, load_tokenizer
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
@@ -38,7 +40,7 @@ class RolloutBenchConfig:
     n: int = within(1, "[1, inf)")  # samples per prompt (a GRPO group; the suffix proposer drafts from siblings)
     k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
     adaptive: bool = True  # let the engine choose K per step (0 = off)
-    max_tokens: int = within(128, "[1, inf)")
+    max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
     temperature: float = within(1.0, "[0, inf)")
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
     hf: bool = True  # also time transformers generate
@@ -54,9 +56,7 @@ class HFGenerate:
     """transformers `generate` on the same checkpoint, left-padded, as an outside reference."""
 
     def __init__(self, model: str, tokenizer):
-        import transformers
-
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(resolve_checkpoint(model))).eval()
+        self.model = load_causal_lm(resolve_checkpoint(model)).eval()
         self.tokenizer = tokenizer
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -84,12 +84,35 @@ def _mean_logprob(results) -> float:
     return sum(values) / len(values)
 
 
+DEFAULT_MAX_TOKENS = 128
+
+
+def bench_inputs(model: str, count: int, seed: int, max_tokens: int | None, k: int) -> tuple[list[str], int]:
+    """The bench's prompts and its response cap, checked against the model's context before any engine
+    starts: `max_tokens` None takes DEFAULT_MAX_TOKENS or, for a short context, what fits beside the
+    longest prompt and K drafts; a given `max_tokens` that does not fit is an error naming the numbers."""
+    model_dir = resolve_checkpoint(model)
+    tokenizer = load_tokenizer(model_dir)
+    prompts = preset_prompts(model, tokenizer, count, seed)
+    longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
+    context = load_config(model_dir).max_position_embeddings
+    room = context - longest - k
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, room)
+    if max_tokens > room or max_tokens < 1:
+        raise ValueError(f"--max-tokens {max_tokens} does not fit {model}'s context: {longest} prompt tokens + "
+                         f"max_tokens + K {k} must be <= {context} (at most {room} here)")
+    return prompts, max_tokens
+
+
 def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
+    prompts, max_tokens = bench_inputs(config.model, config.batch // config.n, config.seed, config.max_tokens,
+                                       config.k)
+    config = dataclasses.replace(config, max_tokens=max_tokens)
     common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive)
     base = make_backend(BackendConfig(proposer="none", **common))
     spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common))
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
-    prompts = preset_prompts(config.model, base.tokenizer, config.batch // config.n, config.seed)
 
     greedy = SamplingParams(n=config.n, temperature=0, max_tokens=config.max_tokens)
     greedy_base, greedy_spec = base.generate(prompts, greedy), spec.generate(prompts, greedy)

@@ -69,7 +69,8 @@ def _add_sampling_flags(parser, defaults) -> None:
     parser.add_argument("--k", type=int, default=defaults.k, help="num_speculative_tokens, the most drafts per step "
                                                                    "(default: %(default)s)")
     parser.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="response cap (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
+                        help="response cap (default: 128, or what fits beside the prompt in a shorter context)")
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="(default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="timed rounds; medians reported "
                                                                            "(default: %(default)s)")

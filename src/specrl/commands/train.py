@@ -45,7 +45,8 @@ def build_config(args) -> TrainConfig:
         saved = Path(args.resume) / "config.json"
         if not saved.is_file():
             raise FileNotFoundError(f"--resume {args.resume}: no config.json (not a specrl run folder)")
-        return load_config(file=str(saved), overrides=overrides)
+        # the folder named on the command line is the run, wherever it was started or moved from
+        return load_config(file=str(saved), overrides=[*overrides, f"run.run_dir={args.resume}"])
     return load_config(args.preset or "tiny", args.config, overrides)
 
 

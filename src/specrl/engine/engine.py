@@ -25,7 +25,7 @@ import torch
 from specrl.engine.adaptive import SpeculationController
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel
-from specrl.generation import Completion, GenerateResult, encode_prompts, response_text, stop_string_at
+from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer
 from specrl.speculation.verify import verify
@@ -261,18 +261,28 @@ class RolloutEngine:
         """Cut rows whose text now contains a stop string at the token that completed it."""
         if self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        window = self._stop_window(params)
         for b in range(batch.size):
-            base = int(batch.num_tokens[b])
+            base, start = int(batch.num_tokens[b]), int(batch.prompt_len[b])
             for j in range(int(keep_n[b])):
-                end = base + j + 1
-                tail = batch.tokens[b, max(int(batch.prompt_len[b]), end - window): end].tolist()
-                if stop_string_at(self.tokenizer, tail, params.stop) is not None:
+                if self._stop_string_ends_at(batch.tokens[b], start, base + j + 1, params.stop):
                     keep_n[b], stopped[b] = j + 1, True
                     break
         return keep_n, stopped
 
-    @staticmethod
-    def _stop_window(params: SamplingParams) -> int:
-        """Tokens to decode to see a stop string completed by the newest token (each token is >= 1 character)."""
-        return max(len(s) for s in params.stop) + 1
+    def _stop_string_ends_at(self, row: torch.Tensor, start: int, end: int, stop: tuple[str, ...]) -> bool:
+        """Whether the response row[start:end] holds a stop string (one that the tokens before `end - 1`
+        did not complete, or it would have been cut there).
+
+        Decodes a tail of the response whose tokens before the newest hold at least len(longest stop) - 1
+        characters (or the whole response): a token may decode to no text at all (a byte of a split
+        character, a token without a surface form), so a fixed number of tokens can hold too few
+        characters to see a stop string spread over them."""
+        longest = max(len(s) for s in stop)
+        width = longest
+        while True:
+            first = max(start, end - 1 - width)
+            before = self.tokenizer.decode(row[first:end - 1].tolist(), skip_special_tokens=False)
+            if len(before) >= longest - 1 or first == start:
+                text = self.tokenizer.decode(row[first:end].tolist(), skip_special_tokens=False)
+                return any(s in text for s in stop)
+            width *= 2

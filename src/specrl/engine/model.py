@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specrl.models.checkpoint import ModelConfig, load_config, load_state_dict
+from specrl.models.checkpoint import ModelConfig, check_d2t, check_finite, load_config, load_state_dict
 from specrl.engine.kv_cache import KVCache
 
 
@@ -93,8 +93,10 @@ class LlamaModel:
         return cls(cfg, load_state_dict(Path(checkpoint_dir)), source=str(checkpoint_dir))
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """(Re)load weights from Hugging Face tensor names; a missing tensor is named."""
+        """(Re)load weights from Hugging Face tensor names; a missing tensor, or one holding NaN or
+        infinite values, is named and nothing is replaced."""
         cfg = self.cfg
+        check_finite(state, self.source)
 
         def get(name: str) -> torch.Tensor:
             if name not in state:
@@ -114,9 +116,14 @@ class LlamaModel:
             raise ValueError(f"{self.source}: checkpoint is missing tensor 'lm_head.weight'")
         self.lm_head = Projection(head)  # [V_out, H]
         self.final_norm = get("model.norm.weight")
-        self.d2t = state.get("d2t")  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
-        if cfg.draft_vocab_size and self.d2t is None:
-            raise ValueError(f"{self.source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
+        self.d2t = None  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
+        if cfg.draft_vocab_size:
+            if "d2t" not in state:
+                raise ValueError(f"{self.source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
+            self.d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, self.source)
+        elif head.shape[0] != cfg.vocab_size:
+            raise ValueError(f"{self.source}: lm_head has {head.shape[0]} rows but vocab_size is {cfg.vocab_size} "
+                             "(a reduced output vocabulary needs draft_vocab_size and a 'd2t' tensor)")
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."

@@ -8,7 +8,6 @@ Model folders are written atomically (`save_atomically`).
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+
+from specrl.atomic import replace_folder
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -148,9 +149,43 @@ def load_state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     for name, tensor in state.items():
         if tensor.is_floating_point():
             state[name] = tensor.float()
-        if tensor.is_floating_point() and not math.isfinite(float(state[name].abs().max())):
-            raise ValueError(f"{checkpoint_dir}: tensor '{name}' holds NaN or infinite values")
+    check_finite(state, str(checkpoint_dir))
     return state
+
+
+def check_d2t(d2t: torch.Tensor, output_size: int, vocab_size: int, source: str) -> torch.Tensor:
+    """A draft's output-id -> target-id map, checked: a 1-D integer tensor of `output_size` distinct ids
+    in 0..vocab_size-1. Returned as int64. A malformed map would silently put draft mass on the wrong
+    target tokens (or twice on one), so every load path refuses one, naming the problem."""
+    if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+        raise ValueError(f"{source}: d2t must hold integer ids, got dtype {d2t.dtype}")
+    if d2t.dim() != 1 or d2t.numel() != output_size:
+        raise ValueError(f"{source}: d2t must be 1-D with one id per output row ({output_size}), "
+                         f"got shape {tuple(d2t.shape)}")
+    d2t = d2t.long()
+    if output_size and (int(d2t.min()) < 0 or int(d2t.max()) >= vocab_size):
+        raise ValueError(f"{source}: d2t holds ids outside the target vocabulary 0..{vocab_size - 1} "
+                         f"(min {int(d2t.min())}, max {int(d2t.max())})")
+    if torch.unique(d2t).numel() != output_size:
+        raise ValueError(f"{source}: d2t maps two draft ids to the same target id")
+    return d2t
+
+
+def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
+    """Raise naming the first floating-point tensor that holds NaN or infinite values."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source}: tensor '{name}' holds NaN or infinite values")
+
+
+def load_causal_lm(checkpoint_dir):
+    """A transformers causal LM from a checked checkpoint folder, fp32, from safetensors only and
+    without remote code (the trainer's and draft trainer's copy of a model)."""
+    from transformers import AutoModelForCausalLM
+
+    weight_files(Path(checkpoint_dir))  # refuses a folder whose only weights are pickles
+    return AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32, use_safetensors=True,
+                                                trust_remote_code=False)
 
 
 def load_tokenizer(checkpoint_dir):
@@ -165,15 +200,14 @@ def load_tokenizer(checkpoint_dir):
 
 def save_atomically(out: Path, write: Callable[[Path], object], record: dict) -> None:
     """`write(tmp)` fills a temporary folder, `record` goes to specrl_train.json, and the folder
-    replaces `out` only once complete: a crash never leaves a half-written model behind."""
+    replaces `out` only once complete and fsynced (`atomic.replace_folder`): a kill never leaves a
+    half-written model behind, nor a moment without a copy."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         write(tmp)
         (tmp / "specrl_train.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -26,6 +26,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaForCausalLM
 
+from specrl.models.checkpoint import check_d2t
+
 D2T_KEY = "d2t"
 
 
@@ -50,13 +52,7 @@ def build_draft(target: LlamaForCausalLM, layers: int, d2t: torch.Tensor) -> Lla
 
 
 def _attach_reduced_head(model: LlamaForCausalLM, d2t: torch.Tensor) -> None:
-    if d2t.dtype != torch.long or d2t.dim() != 1:
-        raise ValueError(f"d2t must be a 1-D int64 tensor, got {d2t.dtype} of shape {tuple(d2t.shape)}")
-    vocab = model.config.vocab_size
-    if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= vocab):
-        raise ValueError(f"d2t holds ids outside the target vocabulary 0..{vocab - 1}")
-    if torch.unique(d2t).numel() != d2t.numel():
-        raise ValueError("d2t maps two draft ids to the same target id")
+    d2t = check_d2t(d2t, d2t.numel() if d2t.dim() == 1 else -1, model.config.vocab_size, "reduced-vocabulary draft")
     model.lm_head = torch.nn.Linear(model.config.hidden_size, d2t.numel(), bias=False)
     model.register_buffer(D2T_KEY, d2t.clone(), persistent=False)
 

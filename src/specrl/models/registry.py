@@ -25,6 +25,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from specrl.atomic import recover_folder
 from specrl.models.checkpoint import weight_files
 from specrl.speculation.proposer_registry import MODEL_DRAFTS
 
@@ -92,6 +93,7 @@ def resolve_checkpoint(name_or_path: str) -> Path:
 def check_checkpoint(path: Path, remedy: str | None = None) -> Path:
     """Return `path` resolved if it is a readable safetensors checkpoint; raise naming the problem."""
     hint = f"; create it with: {remedy}" if remedy else ""
+    recover_folder(path)  # a save killed mid-swap left its previous copy aside
     if not path.exists():
         raise FileNotFoundError(f"checkpoint folder {path} does not exist{hint}")
     if not path.is_dir():

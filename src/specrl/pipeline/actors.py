@@ -27,7 +27,6 @@ import torch
 from ray.exceptions import RayActorError
 
 from specrl.backends import make_backend
-from specrl.sampling import SamplingParams
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.groups import Group, score_groups
 from specrl.pipeline.weights import VersionedWeights, adopt
@@ -72,8 +71,7 @@ class RolloutWorker:
         load_seconds = adopt(self.backend, weights)
         tokenizer = self.backend.tokenizer
         problems, prompts = render_prompts(self.task, tokenizer, request.first, request.count)
-        params = SamplingParams(n=cfg.grpo.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                max_tokens=cfg.rollout.max_tokens, seed=request.seed)
+        params = cfg.rollout.sampling(cfg.grpo.group_size, seed=request.seed)
         version = self.backend.version
         result = self.backend.generate(prompts, params)
         start = time.perf_counter()

@@ -121,8 +121,9 @@ class AsyncTrainer(Learner):
             policy, draft = self.weights()
             self.weights_handle = publish(step, policy, draft)
             self.dispatch()
-        self.checkpoint_if_due(step)
-        return self._record(step, groups, stats)
+        record = self._record(step, groups, stats)
+        self.checkpoint_if_due(step)  # after the record: a resume from it never lacks this step's record
+        return record
 
     def _record(self, step: int, groups, stats: dict) -> dict:
         results, self._since_step = self._since_step, []

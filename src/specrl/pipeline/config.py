@@ -17,6 +17,7 @@ from specrl.backends.base import BackendConfig
 from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.trainer import OptimConfig
+from specrl.sampling import SamplingParams
 from specrl.tasks import TaskConfig, make_task, render_prompts
 from specrl.validation import check_fields, within
 
@@ -28,12 +29,18 @@ class RolloutConfig:
     SECTION: ClassVar[str] = "rollout"
 
     temperature: float = within(1.0, "(0, inf)")  # > 0: RL needs sampled rollouts
-    top_p: float = within(1.0, "(0, 1]")
+    top_p: float = within(1.0, "(0, 1]")  # nucleus truncation; the trainer scores tokens under the same one
+    top_k: int = within(0, "[0, inf)")  # keep the k most likely tokens (0 = all); the trainer applies it too
     max_tokens: int = within(32, "[1, inf)")
     prompts_per_step: int = within(8, "[1, inf)")  # distinct prompts per step; each sampled grpo.group_size times
 
     def __post_init__(self):
         check_fields(self)
+
+    def sampling(self, n: int = 1, seed: int | None = None) -> SamplingParams:
+        """The engine's sampling parameters for rollouts of n samples per prompt."""
+        return SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_tokens=self.max_tokens, seed=seed)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specrl.atomic import write_text_atomically
 from specrl.models.checkpoint import load_tokenizer
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
@@ -36,11 +37,18 @@ def sampling_seed(run_seed: int, step: int) -> int:
 
 
 def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str, str | None]:
-    """(checkpoint to resume or None, policy dir, draft dir or None): the registered models or the checkpoint's."""
+    """(checkpoint to resume or None, policy dir, draft dir or None): the registered models or the checkpoint's.
+
+    Checks the run folder first, before any model or engine is loaded: a fresh run may not drop an
+    earlier run's checkpoints unless run.overwrite is set, and a resume needs a checkpoint."""
     run_dir = Path(config.run.run_dir)
-    checkpoint = latest_checkpoint(run_dir) if resume else None
+    checkpoint = latest_checkpoint(run_dir)
     if resume and checkpoint is None:
         raise ValueError(f"--resume {run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    if not resume and checkpoint is not None and not config.run.overwrite:
+        raise ValueError(f"{run_dir} already holds a run's checkpoints: continue it with --resume "
+                         f"{run_dir}, pick another run.run_dir, or set run.overwrite=true to replace it")
+    checkpoint = checkpoint if resume else None
     backend = config.backend
     kind = backend.draft_kind  # draft | eagle3 | mtp | None
     if kind in ("eagle3", "mtp") and config.draft.enabled:
@@ -64,7 +72,7 @@ class Learner:
         self.policy_dir, self.draft_dir = policy_dir, draft_dir
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.trainer = PolicyTrainer(policy_dir, config.grpo, config.optim, config.rollout.temperature, pad)
+        self.trainer = PolicyTrainer(policy_dir, config.grpo, config.optim, config.rollout.sampling(), pad)
         self.draft = None
         if config.draft.enabled and draft_dir is not None:
             self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
@@ -78,7 +86,7 @@ class Learner:
             truncate_metrics(self.run_dir, self.start_step)
         else:
             self._claim_run_dir()
-        (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
+        write_text_atomically(self.run_dir / "config.json", json.dumps(config_to_dict(config), indent=2))
         self.sink = MetricsSink(self.run_dir, tensorboard=config.run.tensorboard)
         self.timer = StageTimer()
         self.spec_total = SpecStats()
@@ -87,11 +95,8 @@ class Learner:
         self.history: list[dict] = []
 
     def _claim_run_dir(self) -> None:
-        """Start a fresh run folder; an earlier run's checkpoints are never dropped silently."""
-        if latest_checkpoint(self.run_dir) is not None:
-            if not self.config.run.overwrite:
-                raise ValueError(f"{self.run_dir} already holds a run's checkpoints: continue it with --resume "
-                                 f"{self.run_dir}, pick another run.run_dir, or set run.overwrite=true to replace it")
+        """Start a fresh run folder (`starting_point` has checked that replacing its checkpoints is allowed)."""
+        if (self.run_dir / "checkpoints").exists():
             shutil.rmtree(self.run_dir / "checkpoints")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -126,6 +131,7 @@ class Learner:
         return stats
 
     def checkpoint_if_due(self, step: int) -> None:
+        """Save when due. Its time is counted in the next step's record (the record is written first)."""
         every = self.config.run.checkpoint_every
         if step == self.config.run.steps or (every and step % every == 0):
             with self.timer.stage("checkpoint"):

@@ -7,8 +7,9 @@ Layout of `RUN_DIR/checkpoints/step_000020/`:
     draft_optimizer.safetensors  likewise for the draft
     state.json         step, policy version, optimiser param groups, Python RNG state
     rng.safetensors    torch's CPU RNG state
-No pickle anywhere. A checkpoint is written into a temporary folder and renamed,
-so a kill mid-save leaves the previous checkpoint intact.
+No pickle anywhere. A checkpoint is written into a temporary folder, fsynced, and swapped
+into place (`atomic.replace_folder`), so a kill mid-save leaves the previous checkpoints intact
+and one copy of each always exists.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from specrl.atomic import recover_folder, replace_folder
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
@@ -58,8 +61,7 @@ def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, t
         state["draft_param_groups"] = draft_groups
     save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     (tmp / "state.json").write_text(json.dumps(state))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    replace_folder(tmp, final)
     return final
 
 
@@ -69,7 +71,11 @@ def _python_rng() -> list:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
+    """The newest complete checkpoint (after finishing any swap a kill interrupted), or None."""
+    root = Path(run_dir) / "checkpoints"
+    for old in root.glob(".step_*.old"):
+        recover_folder(root / old.name[1:-len(".old")])
+    found = sorted(p for p in root.glob("step_*") if (p / "state.json").is_file())
     return found[-1] if found else None
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 from specrl.backends import make_backend
-from specrl.sampling import SamplingParams
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.groups import score_groups
 from specrl.tasks import render_prompts
@@ -38,8 +37,7 @@ class SyncTrainer(Learner):
         cfg, timer = self.config, self.timer
         P, G = cfg.rollout.prompts_per_step, cfg.grpo.group_size
         problems, prompts = render_prompts(self.task, self.tokenizer, (step - 1) * P, P)
-        params = SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                max_tokens=cfg.rollout.max_tokens, seed=sampling_seed(cfg.run.seed, step))
+        params = cfg.rollout.sampling(G, seed=sampling_seed(cfg.run.seed, step))
         version = self.backend.version
         with timer.stage("generation"):
             result = self.backend.generate(prompts, params)
@@ -49,10 +47,11 @@ class SyncTrainer(Learner):
         with timer.stage("weight_sync"):
             policy, draft = self.weights()
             self.backend.sync_weights(policy, version=step, draft=draft)
-        self.checkpoint_if_due(step)
         self.note_rollouts(result.spec, result.num_tokens, result.seconds)
-        return self.record(step, groups, stats, result.spec, result.k_histogram,
-                           result.num_tokens / max(result.seconds, 1e-9))
+        record = self.record(step, groups, stats, result.spec, result.k_histogram,
+                             result.num_tokens / max(result.seconds, 1e-9))
+        self.checkpoint_if_due(step)  # after the record: a resume from it never lacks this step's record
+        return record
 
     def run(self, progress=None) -> dict:
         try:

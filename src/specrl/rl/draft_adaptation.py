@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from specrl.models.checkpoint import load_config
+from specrl.models.checkpoint import load_causal_lm, load_config
 from specrl.rl.sequences import TrainBatch
 from specrl.rl.trainer import sync_state_dict
 from specrl.validation import check_fields, within
@@ -61,7 +60,7 @@ class DraftTrainer:
         if load_config(Path(checkpoint_dir)).draft_vocab_size:
             raise ValueError(f"{checkpoint_dir}: online adaptation of reduced-vocabulary drafts is not supported; "
                              "set draft.enabled=false or use a full-vocabulary draft")
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
+        self.model = load_causal_lm(checkpoint_dir)
         self.model.train()
         self.config, self.temperature = config, temperature
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)

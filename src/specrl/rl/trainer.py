@@ -12,10 +12,11 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
 
 from specrl.rl.sequences import TrainBatch, train_batch
+from specrl.models.checkpoint import load_causal_lm
 from specrl.rl.grpo import GRPOConfig, grpo_loss
+from specrl.sampling import SamplingParams, sampling_logprobs
 from specrl.validation import check_fields, within
 
 
@@ -47,10 +48,12 @@ def response_logits(model, batch: TrainBatch) -> torch.Tensor:
     return model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
 
 
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p_T(ids[:, t+1] | ids[:, :t+1]) at position t -> [B, T] (last column 0)."""
-    logprobs = (logits[:, :-1] / temperature).log_softmax(-1)
-    picked = logprobs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float, top_k: int = 0,
+                   top_p: float = 1.0) -> torch.Tensor:
+    """log p(ids[:, t+1] | ids[:, :t+1]) at position t -> [B, T] (last column 0), under the distribution
+    the engine samples from: logits / temperature, truncated to top-k / top-p and renormalised."""
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    picked = sampling_logprobs(logits[:, :-1], params).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return F.pad(picked, (0, 1))
 
 
@@ -63,16 +66,21 @@ def align_per_token(values: list[list[float]], prompts: list[list[int]], width: 
 
 
 class PolicyTrainer:
-    def __init__(self, checkpoint_dir, grpo: GRPOConfig, optim: OptimConfig, temperature: float, pad_id: int):
-        if temperature <= 0:
+    def __init__(self, checkpoint_dir, grpo: GRPOConfig, optim: OptimConfig, sampling: SamplingParams, pad_id: int):
+        """`sampling`: the rollouts' temperature, top-k and top-p; logprobs are taken under that distribution."""
+        if sampling.greedy:
             raise ValueError("training needs a sampling temperature > 0 (logprobs under greedy decoding are degenerate)")
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
+        self.model = load_causal_lm(checkpoint_dir)
         self.model.train()
         self.reference = None
         if grpo.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32).eval()
-        self.grpo, self.optim, self.temperature, self.pad_id = grpo, optim, temperature, pad_id
+            self.reference = load_causal_lm(checkpoint_dir).eval()
+        self.grpo, self.optim, self.sampling, self.pad_id = grpo, optim, sampling, pad_id
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+
+    @property
+    def _truncation(self) -> tuple[float, int, float]:
+        return self.sampling.temperature, self.sampling.top_k, self.sampling.top_p
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return sync_state_dict(self.model)
@@ -92,11 +100,11 @@ class PolicyTrainer:
             batch = train_batch(prompts[rows], responses[rows], self.pad_id)
             behaviour = align_per_token(behaviour_logprobs[rows], prompts[rows], batch.ids.shape[1])
             logits = response_logits(self.model, batch)
-            logprobs = token_logprobs(logits, batch.ids, self.temperature)
+            logprobs = token_logprobs(logits, batch.ids, *self._truncation)
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(response_logits(self.reference, batch), batch.ids, self.temperature)
+                    ref = token_logprobs(response_logits(self.reference, batch), batch.ids, *self._truncation)
             loss, micro = grpo_loss(logprobs, behaviour, advantages[rows], batch.loss_mask, self.grpo,
                                     num_tokens=num_tokens, ref_logprobs=ref,
                                     proximal_logprobs=logprobs.detach() if decoupled else None)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specrl.models.checkpoint import ModelConfig, load_state_dict, parse_config
+from specrl.models.checkpoint import ModelConfig, check_d2t, load_state_dict, parse_config
 from specrl.engine.model import LlamaModel
 from specrl.speculation.draft_head import DraftHead, default_aux_layers
 from specrl.speculation.head_layer import RMSNorm
@@ -133,5 +133,10 @@ class Eagle3Head(DraftHead):
         if cfg.draft_vocab_size and cfg.draft_vocab_size != cfg.vocab_size:
             if "d2t" not in state:
                 raise ValueError(f"{head_dir}: draft_vocab_size {cfg.draft_vocab_size} needs a 'd2t' tensor")
-            head.d2t = state["d2t"].long() + torch.arange(cfg.draft_vocab_size)
+            offsets = state["d2t"]
+            if offsets.is_floating_point() or offsets.dim() != 1 or offsets.numel() != cfg.draft_vocab_size:
+                raise ValueError(f"{head_dir}: d2t must be {cfg.draft_vocab_size} integer offsets, got "
+                                 f"{offsets.dtype} of shape {tuple(offsets.shape)}")
+            head.d2t = check_d2t(offsets.long() + torch.arange(cfg.draft_vocab_size), cfg.draft_vocab_size,
+                                 cfg.vocab_size, str(head_dir))
         return head

@@ -4,7 +4,16 @@ A task yields `Problem`s; `render` turns one into prompt text (through the model
 chat template when the tokenizer has one); `reward` scores a response with the
 dataset's own scorer: 1.0 when the extracted answer scores >= 1, else 0.0.
 The answer is taken from the last `<answer>...</answer>` in the response, or, when
-there is none, the last number in it.
+there is none, the last number in it. A scorer that raises on a malformed answer scores 0.
+
+Which scorers run in the trainer's process. A reasoning-gym scorer receives text the model
+wrote. `SAFE_SCORERS` lists the datasets of reasoning-gym 0.1.25 whose `score_answer` was
+read, with every function it calls, and fed code-executing answers: they only compare,
+split, regex-match or parse numbers, JSON and grids (the audit is in docs/tasks.md).
+Every other dataset is refused by default with the reason (`EVALUATING_SCORERS`: `eval`
+or sympy's `parse_expr`, which calls `eval`; `FLAWED_SCORERS`: a verifier that does not
+verify). With `task.isolated_scoring=true` a refused dataset is scored in a separate
+worker process instead (`isolated_scorer`).
 """
 from __future__ import annotations
 
@@ -13,15 +22,59 @@ from dataclasses import dataclass
 
 import reasoning_gym
 
+from specrl.tasks.isolated_scorer import IsolatedScorer
 from specrl.tasks.task import TaskConfig
 
 INSTRUCTION = "Solve the problem. Give only the final answer inside <answer></answer>."
+
+SAFE_SCORERS = frozenset((
+    "ab", "acre", "advanced_geometry", "aiw", "arc_1d", "arc_agi", "base_conversion", "basic_arithmetic", "bf",
+    "binary_alternation", "bitwise_arithmetic", "boxnet", "caesar_cipher", "calendar_arithmetic", "chain_sum",
+    "circuit_logic", "codeio", "coin_flip", "color_cube_rotation", "complex_arithmetic", "count_bits",
+    "count_primes", "course_schedule", "cryptarithm", "decimal_arithmetic", "decimal_chain_sum", "dice",
+    "emoji_mystery", "family_relationships", "figlet_font", "fraction_simplification", "futoshiki",
+    "game_of_life", "gcd", "graph_color", "group_anagrams", "gsm_symbolic", "isomorphic_strings", "jugs",
+    "kakurasu", "knight_swap", "knights_knaves", "largest_island", "lcm", "leg_counting", "letter_counting",
+    "letter_jumble", "list_functions", "mahjong_puzzle", "manipulate_matrix", "maze", "mini_sudoku",
+    "modulo_grid", "needle_haystack", "number_filtering", "number_format", "number_sequence", "number_sorting",
+    "palindrome_generation", "palindrome_partitioning", "path_star", "polynomial_equations", "pool_matrix",
+    "power_function", "prime_factorization", "products", "propositional_logic", "quantum_lock", "ransom_note",
+    "rearc", "rectangle_count", "rotate_matrix", "rotten_oranges", "rubiks_cube", "rush_hour", "self_reference",
+    "sentence_reordering", "shortest_path", "simple_equations", "simple_geometry", "sokoban", "spell_backward",
+    "string_manipulation", "string_splitting", "string_synthesis", "sudoku", "survo", "syllogism",
+    "time_intervals", "tower_of_hanoi", "tsumego", "word_ladder", "word_sequence_reversal", "word_sorting",
+    "zebra_puzzles",
+))
+EVALUATING_SCORERS = {
+    "binary_matrix": "its scorer calls eval() on the answer",
+    "n_queens": "its scorer calls eval() on the answer",
+    "spiral_matrix": "its scorer calls eval() on the answer",
+    "string_insertion": "its scorer calls eval() on the answer",
+    "countdown": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
+    "puzzle24": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
+    "intermediate_integration": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
+    "simple_integration": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
+    "polynomial_multiplication": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
+    "composite": "it scores with the scorers of the datasets it wraps, eval-based ones included",
+}
+FLAWED_SCORERS = {
+    "game_of_life_halting": "its scorer gives 1.0 to any non-empty answer (bool(answer) == bool(entry['answer']))",
+}
+
+
+def scorer_refusal(name: str) -> str | None:
+    """Why a dataset's scorer may not run in the trainer's process, or None when it may."""
+    if name in SAFE_SCORERS:
+        return None
+    return EVALUATING_SCORERS.get(name) or FLAWED_SCORERS.get(name) or \
+        "its scorer has not been vetted (specrl's list is for reasoning-gym 0.1.25)"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
 class Problem:
+    index: int  # position in the dataset
     question: str
     answer: str
     entry: dict  # the dataset's own record, passed back to its scorer
@@ -37,6 +90,14 @@ def extract_answer(response: str) -> str | None:
 
 class ReasoningGymTask:
     def __init__(self, config: TaskConfig):
+        refusal = scorer_refusal(config.name)
+        if refusal in FLAWED_SCORERS.values():
+            raise ValueError(f"task {config.name!r} is refused: {refusal}")
+        if refusal is not None and not config.isolated_scoring:
+            raise ValueError(f"task {config.name!r} is refused: {refusal}, and the answer is text the model wrote. "
+                             "Pick another dataset, or set task.isolated_scoring=true to score it in a separate "
+                             "worker process (isolation, not a sandbox: see docs/tasks.md)")
+        self.isolated = IsolatedScorer(config) if config.isolated_scoring else None
         try:
             self.dataset = reasoning_gym.create_dataset(config.name, size=config.size, seed=config.seed,
                                                         **config.difficulty)
@@ -48,8 +109,9 @@ class ReasoningGymTask:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Problem:
-        entry = self.dataset[index % len(self.dataset)]
-        return Problem(entry["question"], str(entry["answer"]), entry)
+        index %= len(self.dataset)
+        entry = self.dataset[index]
+        return Problem(index, entry["question"], str(entry["answer"]), entry)
 
     def render(self, problem: Problem, tokenizer) -> str:
         content = f"{problem.question}\n{INSTRUCTION}"
@@ -62,4 +124,10 @@ class ReasoningGymTask:
         answer = extract_answer(response)
         if answer is None:
             return 0.0
-        return 1.0 if self.dataset.score_answer(answer, problem.entry) >= 1.0 else 0.0
+        if self.isolated is not None:
+            return 1.0 if self.isolated.score(problem.index, answer) >= 1.0 else 0.0
+        try:
+            score = self.dataset.score_answer(answer, problem.entry)
+        except Exception:  # noqa: BLE001 - some scorers raise on malformed answers (prime_factorization: int())
+            return 0.0
+        return 1.0 if score >= 1.0 else 0.0

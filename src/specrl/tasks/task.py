@@ -25,6 +25,9 @@ class TaskConfig:
     size: int = within(100_000, "[1, inf)")  # problems generated (procedurally, offline)
     seed: int = 0  # generation seed
     difficulty: dict = field(default_factory=dict)  # arithmetic: {"digits": 2, "ops": ["+"]}; reasoning-gym kwargs
+    # score a reasoning-gym dataset whose scorer evaluates the answer (refused by default) in a separate,
+    # limited worker process; see specrl.tasks.gym and docs/tasks.md
+    isolated_scoring: bool = False
 
     def __post_init__(self):
         check_fields(self)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specrl.atomic import write_text_atomically
+
 
 def flatten(record: dict, prefix: str = "") -> dict[str, float]:
     """Nested numeric dict -> {"a/b": value}; lists become a/0, a/1, ...; non-numbers are dropped."""
@@ -41,16 +43,25 @@ class MetricsSink:
             self.writer.close()
 
 
+def _records(path: Path) -> list[dict]:
+    """The complete records of a metrics.jsonl. Each record is written as one line ending in a newline;
+    a last line without one was cut by a kill mid-write and is not a record."""
+    text = path.read_text()
+    lines = text.split("\n")
+    complete = lines[:-1]  # the text after the last newline is "" or a cut record
+    return [json.loads(line) for line in complete if line.strip()]
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is this a specrl run folder?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _records(path)
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop records after `last_step` (a resumed run re-does those steps; none is repeated)."""
+    """Keep the records up to `last_step` (a resumed run re-does the later steps; none is repeated)."""
     path = Path(run_dir) / "metrics.jsonl"
     if path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = [record for record in _records(path) if record["step"] <= last_step]
+        write_text_atomically(path, "".join(json.dumps(record) + "\n" for record in kept))

