@@ -137,9 +137,33 @@ def test_bad_pipeline_values_are_named(override, message):
         load_config("tiny", overrides=["rollout.prompts_per_step=4", override])
 
 
-def test_resuming_an_async_run_is_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="--resume is supported for pipeline.mode=sync only"):
+def test_resuming_an_async_run_without_a_checkpoint_says_so(tmp_path):
+    with pytest.raises(ValueError, match="no checkpoint to resume from"):
         AsyncTrainer(small_config(tmp_path, "pipeline.mode=async"), resume=True)
+
+
+@pytest.mark.slow
+def test_a_resumed_async_run_continues_the_ledger_with_no_position_lost_or_repeated(tmp_path, local_ray):
+    """Stop after 3 steps with a checkpoint each step, resume to 6: the buffer, the ledger and the
+    pending requests come back, every step trains on P groups within the bound, and no data
+    position is trained on twice; the suffix proposer's memory comes back with the actors."""
+    common = ["pipeline.mode=async", "pipeline.max_staleness=1", "backend.proposer=suffix", "run.checkpoint_every=1"]
+    first = AsyncTrainer(small_config(tmp_path, "run.steps=3", *common))
+    first.run()
+    saved = json.loads(sorted((tmp_path / "checkpoints").glob("step_*"))[-1].joinpath("state.json").read_text())
+    assert saved["pipeline"]["proposer"][0]["memory"]  # the actor's memory of earlier rollouts was saved
+    resumed = AsyncTrainer(small_config(tmp_path, "run.steps=6", *common), resume=True)
+    assert resumed.start_step == 3 and len(resumed.buffer.consumed) == 3 * resumed.P
+    resumed.run()
+    positions = [used.index for used in resumed.buffer.consumed]
+    assert len(positions) == len(set(positions)) == 6 * resumed.P
+    assert all(0 <= used.staleness <= 1 for used in resumed.buffer.consumed)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    ledger = resumed.ledger()
+    assert ledger["duplicates"] == 0
+    assert ledger["consumed"] + ledger["dropped"] + ledger["buffered"] + ledger["in_flight"] \
+        + ledger["awaiting_reissue"] + ledger["abandoned"] == ledger["issued"]
 
 
 @pytest.mark.slow
@@ -150,3 +174,24 @@ def test_cli_async_run_ends_with_one_json_line(tmp_path):
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["pipeline"] == "async" and summary["steps_run"] == 2
     assert {"max_staleness_seen", "dropped", "timing", "exposed_generation_s", "weight_sync_bubble_s"} <= set(summary)
+
+
+def test_a_request_starts_on_the_newest_weights_on_the_board(tmp_path, local_ray):
+    """Requests carry no weights: whenever a request starts (queued behind others or not), the actor
+    adopts the board's newest version and stamps it on every token."""
+    from specrl.models.registry import resolve_checkpoint
+    from specrl.pipeline.actors import RolloutRequest, RolloutWorker
+    from specrl.pipeline.weights import VersionedWeights, WeightBoardActor, publish
+    from specrl.rl.trainer import sync_state_dict
+    from specrl.models.checkpoint import load_causal_lm
+
+    config = small_config(tmp_path)
+    board = WeightBoardActor.remote(VersionedWeights(0))
+    worker = RolloutWorker(config, str(resolve_checkpoint("tiny")), None, 1, board)
+    first = worker.generate(RolloutRequest(0, 0, 2, seed=1))
+    assert {v for g in first.groups for c in g.completions for v in c.versions} == {0}
+    policy = sync_state_dict(load_causal_lm(resolve_checkpoint("tiny")))
+    ray.get(board.post.remote(publish(3, policy, None)))
+    second = worker.generate(RolloutRequest(1, 2, 2, seed=2))
+    assert {v for g in second.groups for c in g.completions for v in c.versions} == {3}
+    assert second.seconds["weight_load"] > 0

@@ -50,3 +50,9 @@ class Backend(Protocol):
     def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
                      draft: dict[str, torch.Tensor] | None = None) -> None:
         """Load new policy (and draft) weights, Hugging Face names, and stamp `version`."""
+
+    def proposer_state(self) -> dict:
+        """What the proposer remembers across calls (JSON-ready), for checkpoints; {} when nothing."""
+
+    def load_proposer_state(self, state: dict) -> None:
+        """Restore `proposer_state()` from a checkpoint."""

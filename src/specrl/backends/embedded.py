@@ -34,6 +34,19 @@ class EmbeddedBackend:
     def version(self) -> int:
         return self.engine.version
 
+    @version.setter
+    def version(self, version: int) -> None:
+        self.engine.version = version
+
+    def proposer_state(self) -> dict:
+        return self.proposer.state_dict() if self.proposer is not None else {}
+
+    def load_proposer_state(self, state: dict) -> None:
+        if self.proposer is not None:
+            self.proposer.load_state_dict(state)
+        elif state:
+            raise ValueError("a checkpoint holds proposer state, but this backend runs without speculation")
+
     def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
         return self.engine.generate(prompts, params)
 

@@ -1,19 +1,23 @@
 """Rollout actors on Ray, and the pool that keeps them fed and restarts the ones that die.
 
 A `RolloutWorker` (run as a Ray actor) owns one backend built by `make_backend`
-(the embedded engine by default) and the task. One call, `generate(request, weights)`:
-adopt the newest weights it was handed (between requests: a request runs start to
-finish on one version, and every token carries it), render the request's prompts,
-sample G responses per prompt, score them, and return the scored groups. Requests are
+(the embedded engine by default) and the task. One call, `generate(request)`: adopt the
+newest weights on the `WeightBoard` (between requests: a request runs start to finish on
+one version, and every token carries it), render the request's prompts, sample G
+responses per prompt, score them, and return the scored groups. Requests are
 deterministic: a request's sampling seed is a function of (run.seed, request number),
-so a request re-issued on the same weights version returns the same samples.
+so a request re-issued on the same weights version returns the same samples. After each
+request the worker keeps a snapshot of its proposer's memory (`proposer_state`, served
+on its own concurrency group, so a checkpoint does not wait behind queued requests).
 
 `RolloutPool` holds `num_actors` actors and the requests in flight on each (at most
 `requests_per_actor`; Ray queues them on the actor in order). When an actor dies,
 every request it held comes back as failed; the pool replaces the actor once and
 hands the failed requests back to the caller, which re-issues them (to any actor,
-with the newest weights). Nothing is lost: a request leaves `in_flight` only as a
-result or as a failure handed back.
+with the newest weights). An actor that is only unreachable for a moment
+(`ActorUnavailableError`) is kept: its failed requests are re-issued and it is not
+counted as a death. Nothing is lost: a request leaves `in_flight` only as a result or
+as a failure handed back.
 """
 from __future__ import annotations
 
@@ -24,12 +28,12 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from specrl.backends import make_backend
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.groups import Group, score_groups
-from specrl.pipeline.weights import VersionedWeights, adopt
+from specrl.pipeline.weights import adopt
 from specrl.tasks import make_task, render_prompts
 from specrl.telemetry.spec_stats import SpecStats
 
@@ -57,18 +61,25 @@ class RolloutResult:
 
 
 class RolloutWorker:
-    """One rollout actor's state: a backend, the task and its sampling settings."""
+    """One rollout actor's state: a backend, the task and its sampling settings.
 
-    def __init__(self, config: TrainConfig, policy_dir: str, draft_dir: str | None, threads: int):
+    `version` is the version of the weights in `policy_dir` (0, or a resumed checkpoint's), and
+    `proposer_state` the proposer memory a resumed run saved for this actor."""
+
+    def __init__(self, config: TrainConfig, policy_dir: str, draft_dir: str | None, threads: int, board,
+                 version: int = 0, proposer_state: dict | None = None):
         sys.stdout = sys.stderr  # the driver's stdout ends with its one JSON line; Ray forwards ours there
         torch.set_num_threads(threads)
-        self.config = config
+        self.config, self.board = config, board
         self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir))
+        self.backend.version = version
+        self.backend.load_proposer_state(proposer_state or {})
+        self.snapshot = self.backend.proposer_state()
         self.task = make_task(config.task)
 
-    def generate(self, request: RolloutRequest, weights: VersionedWeights) -> RolloutResult:
+    def generate(self, request: RolloutRequest) -> RolloutResult:
         cfg = self.config
-        load_seconds = adopt(self.backend, weights)
+        load_seconds = adopt(self.backend, ray.get(self.board.latest.remote()))
         tokenizer = self.backend.tokenizer
         problems, prompts = render_prompts(self.task, tokenizer, request.first, request.count)
         params = cfg.rollout.sampling(cfg.grpo.group_size, seed=request.seed)
@@ -76,6 +87,7 @@ class RolloutWorker:
         result = self.backend.generate(prompts, params)
         start = time.perf_counter()
         groups = score_groups(self.task, request.first, problems, result.completions, version)
+        self.snapshot = self.backend.proposer_state()
         return RolloutResult(request, groups, result.spec, result.k_histogram, result.num_tokens,
                              {"weight_load": load_seconds, "generation": result.seconds,
                               "reward": time.perf_counter() - start})
@@ -83,19 +95,25 @@ class RolloutWorker:
     def version(self) -> int:
         return self.backend.version
 
+    @ray.method(concurrency_group="state")
+    def proposer_state(self) -> dict:
+        """The proposer's memory as of the end of the last request (for checkpoints)."""
+        return self.snapshot
 
-RolloutActor = ray.remote(RolloutWorker)
+
+RolloutActor = ray.remote(concurrency_groups={"state": 1})(RolloutWorker)
 
 
 class RolloutPool:
     """`num_actors` rollout actors and the requests in flight on each."""
 
     def __init__(self, make_actor, num_actors: int, requests_per_actor: int):
-        self.make_actor = make_actor  # () -> a new actor handle
-        self.actors = [make_actor() for _ in range(num_actors)]
+        self.make_actor = make_actor  # slot -> a new actor handle for that slot
+        self.actors = [make_actor(slot) for slot in range(num_actors)]
         self.requests_per_actor = requests_per_actor
         self.in_flight: dict[ray.ObjectRef, tuple[int, object, RolloutRequest]] = {}  # ref -> (slot, actor, request)
         self.restarts = [0] * num_actors
+        self.abandoned = 0  # groups of requests still in flight when the pool was shut down
 
     def wait_ready(self) -> list[int]:
         """Block until every actor has built its backend; returns their weight versions."""
@@ -112,9 +130,9 @@ class RolloutPool:
         slot = min(range(len(self.actors)), key=load.__getitem__)
         return slot if load[slot] < self.requests_per_actor else None
 
-    def submit(self, slot: int, request: RolloutRequest, weights: VersionedWeights) -> None:
+    def submit(self, slot: int, request: RolloutRequest) -> None:
         actor = self.actors[slot]
-        self.in_flight[actor.generate.remote(request, weights)] = (slot, actor, request)
+        self.in_flight[actor.generate.remote(request)] = (slot, actor, request)
 
     def collect(self, timeout: float | None) -> tuple[list[RolloutResult], list[RolloutRequest]]:
         """Finished requests: (results, failed requests of actors that died). Blocks up to `timeout`
@@ -129,10 +147,16 @@ class RolloutPool:
             slot, actor, request = self.in_flight.pop(ref)
             try:
                 results.append(ray.get(ref))
+            except ActorUnavailableError:  # unreachable for now, not dead: re-issue, keep the actor
+                failed.append(request)
             except RayActorError:
                 failed.append(request)
                 self._replace(slot, actor)
         return results, failed
+
+    def proposer_states(self) -> list[dict]:
+        """Each actor's proposer memory as of its last finished request."""
+        return ray.get([actor.proposer_state.remote() for actor in self.actors])
 
     def _replace(self, slot: int, dead) -> None:
         """Start a new actor in `slot`, once per death (all the dead actor's requests fail together)."""
@@ -141,9 +165,11 @@ class RolloutPool:
         self.restarts[slot] += 1
         if self.restarts[slot] > MAX_RESTARTS_PER_ACTOR:
             raise RuntimeError(f"rollout actor {slot} died {self.restarts[slot]} times; giving up")
-        self.actors[slot] = self.make_actor()
+        self.actors[slot] = self.make_actor(slot)
 
     def shutdown(self) -> None:
+        """Kill the actors; requests still in flight are abandoned (counted in `abandoned`)."""
         for actor in self.actors:
             ray.kill(actor)
+        self.abandoned += self.in_flight_groups()
         self.in_flight.clear()

@@ -21,8 +21,8 @@ Backpressure (what blocks whom):
 | trainer | the buffer holding P groups of staleness ≤ S (`pipeline_fill` at step 1, `buffer_starvation` after) | – |
 | controller (new requests) | buffered + in flight + R ≤ W groups: at version v, requests for at most S + 1 steps ahead | W = (S + 1) * P by default |
 | controller (per actor) | requests queued on one actor | pipeline.requests_per_actor (default 2: one runs, one waits) |
-| rollout actor | nothing but its queue: it adopts the newest published weights at the start of each request | – |
-| trainer (weight sync) | one ray.put of the new state dicts (`weight_sync`); actors load them between requests (`weight_load`) | one version held by the trainer |
+| rollout actor | nothing but its queue: it adopts the newest weights on the board at the start of each request | – |
+| trainer (weight sync) | one ray.put of the new state dicts, posted to the weight board (`weight_sync`); actors load them between requests (`weight_load`) | one version held by the board |
 
 The window is the staleness bound made into admission control (as AReaL does): a
 request is sent only when its groups will be trainable, so drops happen only when
@@ -34,18 +34,29 @@ and losses as `SyncTrainer`, step for step; see tests/test_async.py).
 Stale batches are trained with the decoupled, truncated-IS objective described in
 `specrl.rl.grpo`; a batch whose every token comes from the trainer's version takes
 the plain GRPO path. Weight updates happen between requests (request granularity):
-a running request finishes on the version it started with.
+a running request finishes on the version it started with; a queued one starts on the
+newest.
+
+Resume (`--resume RUN_DIR`): a checkpoint holds, besides the weights and optimiser, the
+controller's request counter, the requests in flight or awaiting re-issue (they are sent
+again), the buffer's groups and the ledger (consumed, dropped, seen), and each actor's
+proposer memory. Actors restart from the checkpoint's policy at its version. The data
+positions trained on continue without a gap or a repeat; which groups arrive when is a
+race, as in any async run, so a resumed run is not step-for-step the uninterrupted one.
 """
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
+
+import ray
 
 from specrl.pipeline.actors import RolloutActor, RolloutPool, RolloutRequest, RolloutResult
 from specrl.pipeline.buffer import StalenessBuffer
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.learner import Learner, sampling_seed, starting_point
 from specrl.pipeline.ray_session import RaySession
-from specrl.pipeline.weights import VersionedWeights, publish
+from specrl.pipeline.weights import VersionedWeights, WeightBoardActor, publish
 from specrl.telemetry.spec_stats import SpecStats
 
 
@@ -53,23 +64,25 @@ class AsyncTrainer(Learner):
     """A `Learner` fed by Ray rollout actors through a staleness-bounded buffer."""
 
     def __init__(self, config: TrainConfig, resume: bool = False):
-        if resume:
-            raise ValueError("--resume is supported for pipeline.mode=sync only (an async run's buffer and "
-                             "in-flight requests are not checkpointed)")
-        _, policy_dir, draft_dir = starting_point(config, resume=False)
-        super().__init__(config, None, policy_dir, draft_dir)
-        spec = config.pipeline
+        checkpoint, policy_dir, draft_dir = starting_point(config, resume)
+        super().__init__(config, checkpoint, policy_dir, draft_dir)
+        spec, saved = config.pipeline, self.resumed_pipeline
         self.P = config.rollout.prompts_per_step
         self.R = spec.prompts_per_request or self.P
         self.window = min(spec.buffer_size or (spec.max_staleness + 1) * self.P, (spec.max_staleness + 1) * self.P)
         self.buffer = StalenessBuffer(spec.max_staleness)
+        self.next_request = saved.get("next_request", 0)
+        self.reissue: list[RolloutRequest] = [RolloutRequest(**r) for r in saved.get("requests", [])]  # sent first
+        if saved:
+            self.buffer.load_state_dict(saved["buffer"])
         self.ray = RaySession(spec.ray_address)
+        # the starting weights, which every actor loads itself, are version 0 or the checkpoint's
+        self.board = WeightBoardActor.remote(VersionedWeights(self.start_version))
+        states = saved.get("proposer") or [{}]
         make_actor = RolloutActor.options(num_cpus=spec.actor_threads).remote
-        self.pool = RolloutPool(lambda: make_actor(config, policy_dir, draft_dir, spec.actor_threads),
+        self.pool = RolloutPool(lambda slot: make_actor(config, policy_dir, draft_dir, spec.actor_threads, self.board,
+                                                        self.start_version, states[slot % len(states)]),
                                 spec.num_actors, spec.requests_per_actor)
-        self.weights_handle = VersionedWeights(0)  # the starting checkpoint, which every actor loads itself
-        self.next_request = 0
-        self.reissue: list[RolloutRequest] = []  # requests of dead actors, sent again first
         self.reissued = 0
         self.actor_seconds: Counter[str] = Counter()
         self._since_step: list[RolloutResult] = []  # results ingested since the last record
@@ -90,7 +103,7 @@ class AsyncTrainer(Learner):
                 self.reissued += 1
             else:
                 self.next_request += 1
-            self.pool.submit(slot, request, self.weights_handle)
+            self.pool.submit(slot, request)
 
     def ingest(self, timeout: float | None) -> None:
         """Move finished requests into the buffer; queue the failed ones for re-issue."""
@@ -119,7 +132,7 @@ class AsyncTrainer(Learner):
         stats = self.train(step, groups, decoupled=min(g.version for g in groups) < step - 1)
         with self.timer.stage("weight_sync"):
             policy, draft = self.weights()
-            self.weights_handle = publish(step, policy, draft)
+            ray.get(self.board.post.remote(publish(step, policy, draft)))
             self.dispatch()
         record = self._record(step, groups, stats)
         self.checkpoint_if_due(step)  # after the record: a resume from it never lacks this step's record
@@ -138,12 +151,18 @@ class AsyncTrainer(Learner):
                  "buffered": len(self.buffer), "in_flight_groups": self.pool.in_flight_groups()}
         return self.record(step, groups, stats, spec, dict(k_histogram), tokens / max(seconds, 1e-9), extra)
 
+    def pipeline_state(self) -> dict:
+        """Everything the controller needs to continue: requests not yet answered are sent again."""
+        pending = self.reissue + [request for _, _, request in self.pool.in_flight.values()]
+        return {"next_request": self.next_request, "requests": [asdict(r) for r in pending],
+                "buffer": self.buffer.state_dict(), "proposer": self.pool.proposer_states()}
+
     def run(self, progress=None) -> dict:
         try:
             with self.timer.stage("actor_startup"):
                 self.pool.wait_ready()
             self.dispatch()
-            for step in range(1, self.config.run.steps + 1):
+            for step in range(self.start_step + 1, self.config.run.steps + 1):
                 record = self.step(step)
                 if progress is not None:
                     progress(step, self.config.run.steps, record)
@@ -154,11 +173,12 @@ class AsyncTrainer(Learner):
             self.ray.close()
 
     def ledger(self) -> dict[str, int]:
-        """Where every issued group went: consumed + dropped + buffered + in flight + awaiting re-issue == issued."""
+        """Where every issued group went: consumed + dropped + buffered + in flight + awaiting re-issue +
+        abandoned at shutdown (a resumed run sends those again) == issued."""
         return {"issued": self.next_request * self.R, "consumed": len(self.buffer.consumed),
                 "dropped": len(self.buffer.dropped), "buffered": len(self.buffer),
                 "in_flight": self.pool.in_flight_groups(), "awaiting_reissue": sum(r.count for r in self.reissue),
-                "duplicates": self.buffer.duplicates}
+                "abandoned": self.pool.abandoned, "duplicates": self.buffer.duplicates}
 
     def summary(self) -> dict:
         timing = self.timer.total

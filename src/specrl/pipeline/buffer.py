@@ -13,12 +13,14 @@ expire. A group index is accepted once: a second arrival (a re-issued request wh
 first answer also came back) is ignored and counted as a duplicate.
 
 The ledger: every group that ever entered is in exactly one of `consumed`, `dropped`
-or the buffer itself.
+or the buffer itself. `state_dict` / `load_state_dict` carry the buffer and the ledger
+across a checkpoint (JSON-ready).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from specrl.generation import Completion
 from specrl.pipeline.groups import Group
 
 
@@ -78,3 +80,16 @@ class StalenessBuffer:
         step = trainer_version + 1
         self.consumed += [Consumed(g.index, g.version, step) for g in batch]
         return batch
+
+    def state_dict(self) -> dict:
+        return {"groups": [asdict(g) for g in self.groups], "seen": sorted(self.seen),
+                "consumed": [asdict(c) for c in self.consumed], "dropped": list(self.dropped),
+                "duplicates": self.duplicates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = [Group(**{**g, "completions": [Completion(**c) for c in g["completions"]]})
+                       for g in state["groups"]]
+        self.seen = set(state["seen"])
+        self.consumed = [Consumed(**c) for c in state["consumed"]]
+        self.dropped = list(state["dropped"])
+        self.duplicates = state["duplicates"]

@@ -77,12 +77,13 @@ class Learner:
         if config.draft.enabled and draft_dir is not None:
             self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
         self.task = make_task(config.task)
-        self.start_step = 0
+        self.start_step, self.start_version, self.resumed_pipeline = 0, 0, {}
         if checkpoint is not None:
             state = restore_training_state(checkpoint, self.trainer.optimizer,
                                            self.draft.optimizer if self.draft else None)
             self.start_step = state["step"]
             self.start_version = state["version"]
+            self.resumed_pipeline = state.get("pipeline", {})
             truncate_metrics(self.run_dir, self.start_step)
         else:
             self._claim_run_dir()
@@ -136,7 +137,12 @@ class Learner:
         if step == self.config.run.steps or (every and step % every == 0):
             with self.timer.stage("checkpoint"):
                 save_checkpoint(self.run_dir, step, step, self.trainer.model, self.trainer.optimizer, self.tokenizer,
-                                self.draft.model if self.draft else None, self.draft.optimizer if self.draft else None)
+                                self.draft.model if self.draft else None, self.draft.optimizer if self.draft else None,
+                                pipeline=self.pipeline_state())
+
+    def pipeline_state(self) -> dict:
+        """What the pipeline must save to continue exactly (JSON-ready); each pipeline adds its own."""
+        return {}
 
     def note_rollouts(self, spec: SpecStats, tokens: int, seconds: float) -> None:
         """Count generated tokens and generation seconds (whether or not their groups are trained on)."""

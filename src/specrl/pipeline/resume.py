@@ -5,7 +5,8 @@ Layout of `RUN_DIR/checkpoints/step_000020/`:
     draft/             the same, when the run trains a draft
     optimizer.safetensors        AdamW moments and step counts, flattened
     draft_optimizer.safetensors  likewise for the draft
-    state.json         step, policy version, optimiser param groups, Python RNG state
+    state.json         step, policy version, optimiser param groups, Python RNG state, the pipeline's
+                       state (proposer memory; async: buffer, ledger, requests)
     rng.safetensors    torch's CPU RNG state
 No pickle anywhere. A checkpoint is written into a temporary folder, fsynced, and swapped
 into place (`atomic.replace_folder`), so a kill mid-save leaves the previous checkpoints intact
@@ -42,8 +43,10 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torc
 
 
 def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, tokenizer,
-                    draft=None, draft_optimizer=None) -> Path:
-    """Write checkpoint `step` atomically; returns its folder."""
+                    draft=None, draft_optimizer=None, pipeline: dict | None = None) -> Path:
+    """Write checkpoint `step` atomically; returns its folder. `pipeline` is the pipeline's own state
+    (JSON-ready: the proposer's memory; for async, the buffer, the ledger and the requests), saved
+    in state.json under "pipeline"."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -53,7 +56,8 @@ def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, t
     tokenizer.save_pretrained(tmp / "policy")
     tensors, groups = _optimizer_tensors(optimizer)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
-    state = {"step": step, "version": version, "param_groups": groups, "python_rng": _python_rng()}
+    state = {"step": step, "version": version, "param_groups": groups, "python_rng": _python_rng(),
+             "pipeline": pipeline or {}}
     if draft is not None:
         draft.save_pretrained(tmp / "draft", safe_serialization=True)
         draft_tensors, draft_groups = _optimizer_tensors(draft_optimizer)

@@ -32,6 +32,10 @@ class SyncTrainer(Learner):
         if checkpoint is not None:
             policy, draft = self.weights()
             self.backend.sync_weights(policy, version=self.start_version, draft=draft)
+            self.backend.load_proposer_state(self.resumed_pipeline.get("proposer", {}))
+
+    def pipeline_state(self) -> dict:
+        return {"proposer": self.backend.proposer_state()}
 
     def step(self, step: int) -> dict:
         cfg, timer = self.config, self.timer

@@ -1,13 +1,15 @@
 """Weight broadcast to the rollout actors through Ray's object store, version-stamped.
 
 The trainer `publish`es each new version once: one `ray.put` of the policy (and
-draft) state dicts, Hugging Face names. Every request sent afterwards carries the
-small `VersionedWeights` handle; an actor fetches the tensors (`ray.get`, shared
-memory on one node) only when the handle is newer than what it holds, loads them
-into its backend between requests (`adopt`), and stamps the new version on every
-token it generates from then on. Version 0 is the starting checkpoint, which every
-actor loads itself, so it is never put in the store. Only the newest version is
-referenced by the trainer; Ray frees older ones once no request holds them.
+draft) state dicts, Hugging Face names, whose small `VersionedWeights` handle goes to the
+`WeightBoard`, one Ray actor that holds the newest handle. A rollout actor asks the
+board for the newest handle when it starts a request (so a request that waited in an
+actor's queue still runs on the newest weights), fetches the tensors (`ray.get`, shared
+memory on one node) only when the handle is newer than what it holds, loads them into
+its backend (`adopt`), and stamps the new version on every token it generates from then
+on. The starting version (0, or a resumed checkpoint's) is what every actor loads itself,
+so it is never put in the store. Only the newest version is referenced by the board; Ray
+frees older ones once no actor holds them.
 """
 from __future__ import annotations
 
@@ -39,8 +41,25 @@ def _to_torch(state: dict[str, np.ndarray] | None) -> dict[str, torch.Tensor] | 
 
 
 def publish(version: int, policy: dict[str, torch.Tensor], draft: dict[str, torch.Tensor] | None) -> VersionedWeights:
-    """One `ray.put` of {"policy": ..., "draft": ... or None}; returns the handle requests carry."""
+    """One `ray.put` of {"policy": ..., "draft": ... or None}; returns the handle for the board."""
     return VersionedWeights(version, [ray.put({"policy": _to_numpy(policy), "draft": _to_numpy(draft)})])
+
+
+class WeightBoard:
+    """The newest published weights (a Ray actor: the trainer posts, rollout actors read)."""
+
+    def __init__(self, start: VersionedWeights):
+        self.current = start
+
+    def post(self, weights: VersionedWeights) -> None:
+        if weights.version > self.current.version:
+            self.current = weights
+
+    def latest(self) -> VersionedWeights:
+        return self.current
+
+
+WeightBoardActor = ray.remote(num_cpus=0)(WeightBoard)
 
 
 def adopt(backend, weights: VersionedWeights) -> float:

@@ -19,10 +19,10 @@ import torch
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer import Proposal, ProposalContext, sample_draft_token
+from specrl.speculation.proposer import CallScopedState, Proposal, ProposalContext, sample_draft_token
 
 
-class DraftModelProposer:
+class DraftModelProposer(CallScopedState):
     name = "draft"
     hidden_layers: tuple[int, ...] = ()
 

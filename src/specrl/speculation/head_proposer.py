@@ -30,10 +30,10 @@ import torch
 from specrl.engine.kv_cache import KVCache
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_head import DraftHead
-from specrl.speculation.proposer import Proposal, ProposalContext, sample_draft_token
+from specrl.speculation.proposer import CallScopedState, Proposal, ProposalContext, sample_draft_token
 
 
-class HeadProposer:
+class HeadProposer(CallScopedState):
     def __init__(self, head: DraftHead):
         self.head = head
         self.name = head.kind

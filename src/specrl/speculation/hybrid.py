@@ -89,6 +89,13 @@ class HybridProposer:
     def observe(self, hidden, start, count, tokens) -> None:
         self.model_part.observe(hidden, start, count, tokens)
 
+    def state_dict(self) -> dict:
+        return {"suffix": self.suffix_part.state_dict(), "model": self.model_part.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.suffix_part.load_state_dict(state.get("suffix", {}))
+        self.model_part.load_state_dict(state.get("model", {}))
+
     def _score_pending(self, context: ProposalContext) -> None:
         """Compare last call's drafts with the tokens that were emitted after them."""
         if self.pending_start is None:

@@ -15,6 +15,9 @@ Lifecycle, driven by the engine for one generate() call:
                                             proposers that read the target's hidden states
                                             (`hidden_layers` non-empty; see `head_proposer`)
     select_rows(rows)                       when finished rows leave the batch
+A proposer that remembers across calls (the suffix proposer's earlier rollouts) returns that
+memory from `state_dict()` as plain JSON-ready data, which checkpoints save and
+`load_state_dict` restores; the others return {}.
 `StatelessProposer` gives the no-op lifecycle to proposers that keep nothing between calls.
 """
 from __future__ import annotations
@@ -89,8 +92,23 @@ class Proposer(Protocol):
 
     def select_rows(self, rows: torch.Tensor) -> None: ...
 
+    def state_dict(self) -> dict: ...
 
-class StatelessProposer:
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class CallScopedState:
+    """`state_dict` / `load_state_dict` of a proposer whose state lives for one generate() call only."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state across calls, but was given {sorted(state)}")
+
+
+class StatelessProposer(CallScopedState):
     """The lifecycle of a proposer that keeps nothing between steps and reads no hidden states."""
 
     hidden_layers: tuple[int, ...] = ()

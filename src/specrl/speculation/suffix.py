@@ -94,20 +94,31 @@ class SuffixProposer:
         self.groups: dict[int, GroupIndex] = {}
         self.prompt_keys: list[tuple] = []
 
-    def _remember(self) -> None:
-        """File the finished call's sequences under their prompts (a group's store begins with the
-        earlier sequences it was seeded with, so the newest `per_prompt` of it are kept)."""
+    def _filed(self) -> OrderedDict:
+        """The memory with the last call's sequences filed under their prompts (a group's store begins
+        with the earlier sequences it was seeded with, so the newest `per_prompt` of it are kept)."""
+        memory = OrderedDict(self.memory)
         for group, index in self.groups.items():
             key = self.prompt_keys[group]
-            self.memory.pop(key, None)  # re-inserted last: the most recently seen prompt
-            self.memory[key] = index.sequences[-self.config.per_prompt:]
-        while len(self.memory) > self.config.remember:
-            self.memory.popitem(last=False)
+            memory.pop(key, None)  # re-inserted last: the most recently seen prompt
+            memory[key] = index.sequences[-self.config.per_prompt:]
+        while len(memory) > self.config.remember:
+            memory.popitem(last=False)
+        return memory
+
+    def state_dict(self) -> dict:
+        """The remembered rollouts, this call's included: {"memory": [[prompt ids, [sequence, ...]], ...]},
+        oldest prompt first."""
+        return {"memory": [[list(key), sequences] for key, sequences in self._filed().items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory = OrderedDict((tuple(key), sequences) for key, sequences in state.get("memory", []))
+        self.groups, self.prompt_keys = {}, []
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         """Called with one row per distinct prompt (before the rows are repeated n times)."""
         if self.config.remember:
-            self._remember()
+            self.memory = self._filed()
         self.prompt_keys = [tuple(row[:n]) for row, n in zip(tokens.tolist(), num_tokens.tolist())]
         self.groups: dict[int, GroupIndex] = {}
         self.row_seq: list[tuple[int, int]] = []  # live row -> (group, sequence id)

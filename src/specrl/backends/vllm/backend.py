@@ -145,6 +145,14 @@ class VLLMBackend:
                 f"The engine holds the new weights but stays at version {self.version}; call sync_weights again "
                 "when no request is running, or restart the backend")
 
+    def proposer_state(self) -> dict:
+        return {}  # vLLM's proposers keep nothing across calls
+
+    def load_proposer_state(self, state: dict) -> None:
+        if state:
+            raise ValueError("a checkpoint holds proposer state (a suffix proposer's memory), which the vLLM "
+                             "backend cannot use; resume with backend.backend=embedded")
+
     def close(self) -> None:
         """Shut the engine down (its worker, and in multiprocess mode its processes)."""
         self.llm.llm_engine.engine_core.shutdown()
