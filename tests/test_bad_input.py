@@ -181,3 +181,52 @@ def test_a_prompt_that_is_not_text_or_integer_ids_is_named(target_dir, prompt):
     engine = RolloutEngine(LlamaModel.from_pretrained(target_dir))
     with pytest.raises(ValueError, match="prompt 1 must be text or a list of integer token ids"):
         engine.generate([[1, 2], prompt], SamplingParams(max_tokens=4))
+
+
+def _lying_header(path):
+    """A safetensors file whose header claims more bytes for a tensor than the file holds."""
+    import struct
+
+    header = json.dumps({"model.norm.weight": {"dtype": "F32", "shape": [64], "data_offsets": [0, 1 << 20]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\x00" * 256)
+
+
+def _pickle_as_safetensors(path, canary):
+    """A pickle that would create `canary` if anything unpickled it, saved under a safetensors name."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(canary), "w"))
+
+    path.write_bytes(pickle.dumps({"model.norm.weight": Payload()}))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "lying header", "pickle named .safetensors"])
+@pytest.mark.parametrize("loader", ["engine", "registry", "trainer"])
+def test_a_damaged_weights_file_gets_a_clear_error_and_nothing_else_is_read(checkpoint, tmp_path, damage, loader):
+    """Each load path (the engine's, the model registry's check, the trainer's transformers load) refuses
+    the file by name; a pickle is never unpickled (its payload would create the canary)."""
+    from specrl.models.checkpoint import load_causal_lm
+    from specrl.models.registry import resolve_checkpoint
+
+    weights, canary = checkpoint / "model.safetensors", tmp_path / "canary"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "lying header":
+        _lying_header(weights)
+    else:
+        _pickle_as_safetensors(weights, canary)
+    load = {"engine": LlamaModel.from_pretrained, "registry": resolve_checkpoint,
+            "trainer": lambda path: load_causal_lm(resolve_checkpoint(str(path)))}[loader]
+    with pytest.raises(ValueError, match="corrupt"):
+        load(checkpoint if loader != "registry" else str(checkpoint))
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("change", [{"hidden_size": 32}, {"num_hidden_layers": 3}, {"vocab_size": 50},
+                                    {"intermediate_size": 100}])
+def test_a_config_whose_shapes_do_not_fit_the_weights_is_named(checkpoint, change):
+    edit_config(checkpoint, **change)
+    with pytest.raises(ValueError, match="embed_tokens|missing tensor|shape|fit"):
+        LlamaModel.from_pretrained(checkpoint)

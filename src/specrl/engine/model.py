@@ -92,11 +92,40 @@ class LlamaModel:
         cfg = load_config(Path(checkpoint_dir))
         return cls(cfg, load_state_dict(Path(checkpoint_dir)), source=str(checkpoint_dir))
 
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the config implies, with its shape (lm_head, d2t, biases and q/k norms are checked
+        where present)."""
+        c = self.cfg
+        H, d, I = c.hidden_size, c.head_dim, c.intermediate_size
+        shapes = {"model.embed_tokens.weight": (c.vocab_size, H), "model.norm.weight": (H,),
+                  "lm_head.weight": (c.output_vocab_size, H)}
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (c.num_attention_heads * d, H),
+                p + "self_attn.k_proj.weight": (c.num_key_value_heads * d, H),
+                p + "self_attn.v_proj.weight": (c.num_key_value_heads * d, H),
+                p + "self_attn.o_proj.weight": (H, c.num_attention_heads * d),
+                p + "self_attn.q_proj.bias": (c.num_attention_heads * d,),
+                p + "self_attn.k_proj.bias": (c.num_key_value_heads * d,),
+                p + "self_attn.v_proj.bias": (c.num_key_value_heads * d,),
+                p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+                p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I),
+            })
+        return shapes
+
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """(Re)load weights from Hugging Face tensor names; a missing tensor, or one holding NaN or
-        infinite values, is named and nothing is replaced."""
+        """(Re)load weights from Hugging Face tensor names. Everything is checked before anything is
+        replaced: a missing tensor, one whose shape does not fit the config, one holding NaN or infinite
+        values, or a malformed d2t is named, and the model keeps its previous weights."""
         cfg = self.cfg
         check_finite(state, self.source)
+        expected = self.expected_shapes()
+        wrong = [f"{name} {tuple(state[name].shape)} != {shape}" for name, shape in expected.items()
+                 if name in state and tuple(state[name].shape) != shape]
+        if wrong:
+            raise ValueError(f"{self.source}: tensors do not fit config.json: {'; '.join(wrong[:3])}")
 
         def get(name: str) -> torch.Tensor:
             if name not in state:
@@ -106,30 +135,25 @@ class LlamaModel:
         def opt(name: str) -> torch.Tensor | None:
             return state[name].float() if name in state else None
 
-        self.embed = get("model.embed_tokens.weight")  # [V, H]
-        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
-            raise ValueError(f"{self.source}: embed_tokens is {tuple(self.embed.shape)}, config says "
-                             f"[{cfg.vocab_size}, {cfg.hidden_size}]")
+        embed = get("model.embed_tokens.weight")  # [V, H]
         head = opt("lm_head.weight")
-        head = self.embed if head is None and cfg.tie_word_embeddings else head
+        head = embed if head is None and cfg.tie_word_embeddings else head
         if head is None:
             raise ValueError(f"{self.source}: checkpoint is missing tensor 'lm_head.weight'")
-        self.lm_head = Projection(head)  # [V_out, H]
-        self.final_norm = get("model.norm.weight")
-        self.d2t = None  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
+        d2t = None  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
         if cfg.draft_vocab_size:
             if "d2t" not in state:
                 raise ValueError(f"{self.source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
-            self.d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, self.source)
+            d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, self.source)
         elif head.shape[0] != cfg.vocab_size:
             raise ValueError(f"{self.source}: lm_head has {head.shape[0]} rows but vocab_size is {cfg.vocab_size} "
                              "(a reduced output vocabulary needs draft_vocab_size and a 'd2t' tensor)")
-        self.layers = []
+        layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             qkv = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
             bias = [opt(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-            self.layers.append({
+            layers.append({
                 "attn_norm": get(p + "input_layernorm.weight"),
                 "qkv": Projection(torch.cat(qkv, 0), torch.cat(bias, 0) if all(b is not None for b in bias) else None),
                 "o": Projection(get(p + "self_attn.o_proj.weight")),
@@ -139,6 +163,8 @@ class LlamaModel:
                 "gate_up": Projection(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0)),
                 "down": Projection(get(p + "mlp.down_proj.weight")),
             })
+        self.embed, self.lm_head, self.final_norm = embed, Projection(head), get("model.norm.weight")
+        self.d2t, self.layers = d2t, layers
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.cfg

@@ -159,6 +159,7 @@ class Learner:
         self.staleness_total.update(staleness)
         record = {
             "step": step, "policy_version": min(g.version for g in groups),
+            "data_positions": [g.index for g in groups],
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
             "response_length_mean": statistics.mean(lengths), "response_length_max": max(lengths),
             "rollout_tokens": sum(lengths), "rollout_tokens_per_s": tokens_per_s,
