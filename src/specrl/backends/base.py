@@ -29,6 +29,9 @@ class BackendConfig:
     adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost
     max_model_len: int | None = within(None, "[2, inf)")  # prompt + response cap; None = the model's context
     ngram_max_n: int = within(3, "[1, inf)")  # longest tail the n-gram proposer matches
+    # embedded engine: run projections through the fast path, specrl's compiled small-row matmul kernel
+    # (built by `make`); false = eager PyTorch. Where the kernel cannot run, a warning says why and eager runs.
+    compile: bool = True
 
     def __post_init__(self):
         check_fields(self)

@@ -22,7 +22,7 @@ class EmbeddedBackend:
         self.config = config
         target_dir = resolve_checkpoint(config.model)
         self.tokenizer = load_tokenizer(target_dir)
-        model = LlamaModel.from_pretrained(target_dir)
+        model = LlamaModel.from_pretrained(target_dir, fast_path=config.compile)
         self.proposer = build_proposer(config.proposer, model,
                                        draft_checkpoint(config.model, config.draft_kind, config.draft),
                                        config.num_speculative_tokens, config.ngram_max_n, config.hybrid_model)

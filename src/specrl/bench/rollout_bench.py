@@ -4,7 +4,18 @@ Each round runs the same prompts through every variant, in turn, with the same
 seed; tokens per second are the generated tokens over the wall time of the call,
 and the reported figure is the median over rounds (these machines are noisy).
 A temperature-0 run with and without speculation checks exactness token for token;
-at temperature 1 the mean logprob of the sampled tokens must agree within noise.
+at temperature 1 the mean logprob of the sampled tokens must agree within noise
+(`logprob_z`: a two-sample z-score over per-sequence means).
+
+The step's cost model, for the embedded engine (on its fast path unless `compile` is off):
+
+    verify_cost[k]      T(B, k+1) / T(B, 1): one target pass over k+1 tokens per row, in units of a
+                        decode step, at the bench's batch B and a mid-response context length
+    bound_speedup       tau * T(B, 1) / (T(B, k+1) + T_draft): what a step with the measured
+                        acceptance length tau, this verify cost and the proposer's measured time per
+                        step would give (k = the fixed K, else the K run most)
+    achieved_over_bound the measured speedup over that bound (below 1: exploration, k = 0 steps,
+                        the draining batch and bookkeeping)
 """
 from __future__ import annotations
 
@@ -44,6 +55,7 @@ class RolloutBenchConfig:
     temperature: float = within(1.0, "[0, inf)")
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
     hf: bool = True  # also time transformers generate
+    compile: bool = True  # the engine's fast path (specrl's small-row kernel); False = eager PyTorch
     seed: int = 0
 
     def __post_init__(self):
@@ -84,6 +96,38 @@ def _mean_logprob(results) -> float:
     return sum(values) / len(values)
 
 
+def logprob_z(base_runs, spec_runs) -> float:
+    """Two-sample z-score of the mean per-sequence logprob, speculation on vs off: exactness says both
+    sample one distribution, so |z| stays small (|z| > 3 has odds ~1 in 370 by chance)."""
+    def means(runs):
+        return [statistics.mean(c.logprobs) for r in runs for c in r.completions if c.logprobs]
+    a, b = means(spec_runs), means(base_runs)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return (statistics.mean(a) - statistics.mean(b)) / se if se > 0 else 0.0
+
+
+@torch.inference_mode()
+def measure_step_costs(model, batch: int, ks: list[int], context: int, reps: int = 7) -> dict:
+    """Median ms of one target pass over `batch` rows of 1 and of k+1 new tokens each, at `context`
+    cached tokens, variants alternating; -> {"decode_ms": T(B, 1), "verify_cost": {k: T(B, k+1) / T(B, 1)}}."""
+    widths = [1] + [k + 1 for k in ks]
+    cache = model.new_cache(batch, context + max(widths))
+    ids = {w: torch.randint(0, model.cfg.vocab_size, (batch, w)) for w in widths}
+    times = {w: [] for w in widths}
+    for rep in range(reps + 1):
+        for w in widths:
+            cache.lens[:] = context
+            start = time.perf_counter()
+            model.forward(ids[w], cache)
+            if rep:  # the first round warms up
+                times[w].append(time.perf_counter() - start)
+    decode = statistics.median(times[1])
+    return {"decode_ms": decode * 1000,
+            "verify_cost": {str(k): statistics.median(times[k + 1]) / decode for k in ks}}
+
+
 DEFAULT_MAX_TOKENS = 128
 
 
@@ -109,7 +153,8 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     prompts, max_tokens = bench_inputs(config.model, config.batch // config.n, config.seed, config.max_tokens,
                                        config.k)
     config = dataclasses.replace(config, max_tokens=max_tokens)
-    common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive)
+    common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive,
+                  compile=config.compile)
     base = make_backend(BackendConfig(proposer="none", **common))
     spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common))
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
@@ -143,6 +188,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
             k_hist[k] = k_hist.get(k, 0) + count
     base_rate, spec_rate = statistics.median(rates["base"]), statistics.median(rates["spec"])
     hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
+    costs = step_cost_model(config, base, runs["spec"], k_hist, stats, spec_rate / base_rate, prompts, max_tokens)
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
         "n": config.n,
@@ -155,5 +201,26 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
+        "logprob_z": logprob_z(runs["base"], runs["spec"]), **costs,
         "mean_response_tokens": statistics.mean(len(c.token_ids) for r in runs["base"] for c in r.completions),
     }
+
+
+def step_cost_model(config: RolloutBenchConfig, base, spec_runs, k_hist: dict, stats: SpecStats, speedup: float,
+                    prompts: list[str], max_tokens: int) -> dict:
+    """verify_cost, bound_speedup and achieved_over_bound (module docstring); None where the backend
+    exposes no model to time (vLLM)."""
+    model = getattr(getattr(base, "engine", None), "model", None)
+    if model is None:
+        return {"verify_cost": None, "decode_ms": None, "bound_speedup": None, "achieved_over_bound": None}
+    prompt_len = max(len(base.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
+    measured = measure_step_costs(model, config.batch, list(range(1, config.k + 1)), prompt_len + max_tokens // 2)
+    spec_steps = {k: n for k, n in k_hist.items() if k > 0}
+    if not spec_steps:
+        return {**measured, "bound_speedup": None, "achieved_over_bound": None}
+    k = config.k if not config.adaptive else max(spec_steps, key=spec_steps.get)
+    draft_ms = 1000 * sum(r.draft_seconds for r in spec_runs) / sum(spec_steps.values())
+    decode = measured["decode_ms"]
+    bound = stats.acceptance_length * decode / (measured["verify_cost"][str(k)] * decode + draft_ms)
+    return {**measured, "bound_k": k, "draft_ms_per_step": draft_ms, "bound_speedup": bound,
+            "achieved_over_bound": speedup / bound}

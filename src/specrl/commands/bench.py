@@ -7,6 +7,7 @@ from rich.table import Table
 
 from specrl.bench.async_bench import AsyncBenchConfig, run_async_bench
 from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
+from specrl.bench.kernel_bench import KernelBenchConfig, run_kernel_bench
 from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
 from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
@@ -28,6 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=d.batch, help="rows per call = prompts x n (default: %(default)s)")
     p.add_argument("--n", type=int, default=d.n, help="samples per prompt, a GRPO group (default: %(default)s)")
     p.add_argument("--no-hf", action="store_true", help="skip timing transformers generate")
+    p.add_argument("--no-compile", action="store_true",
+                   help="run the embedded engine eager (PyTorch/MKL) instead of its fast path")
     _add_sampling_flags(p, d)
     p.set_defaults(func=run)
 
@@ -48,6 +51,17 @@ def register(subparsers) -> None:
     q.add_argument("--plot", default=c.plot, help="PNG path for the speedup plot (default: %(default)s)")
     _add_sampling_flags(q, c)
     q.set_defaults(func=run_drafters)
+
+    e = KernelBenchConfig()
+    t = kinds.add_parser("kernel", help="one pass over a model's projections: eager (MKL) vs the fast path, per row count",
+                         description="Times the engine's projections and LM head at the model's shapes (random weights) "
+                                     "for each row count M, eager and on the fast path (specrl's small-row kernel), "
+                                     "alternating; prints median ms per pass and the weight-streaming rate.")
+    t.add_argument("--model", default=e.model, help="whose shapes (default: %(default)s)")
+    t.add_argument("--rows", default=",".join(map(str, e.rows)), help="comma-separated M values (default: %(default)s)")
+    t.add_argument("--rounds", type=int, default=e.rounds, help="timed rounds; medians reported (default: %(default)s)")
+    add_threads_flag(t)
+    t.set_defaults(func=run_kernel)
 
     a = AsyncBenchConfig()
     r = kinds.add_parser("async", help="async GRPO with speculation vs sync GRPO without (whole runs, alternating)",
@@ -83,7 +97,7 @@ def run(args) -> dict:
     config = RolloutBenchConfig(
         model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
         k=args.k, adaptive=not args.fixed_k, max_tokens=args.max_tokens, temperature=args.temperature,
-        rounds=args.rounds, hf=not args.no_hf, seed=args.seed,
+        rounds=args.rounds, hf=not args.no_hf, compile=not args.no_compile, seed=args.seed,
     )
     with progress_bar(f"bench {config.model} {config.proposer} batch={config.batch}", config.rounds) as update:
         summary = run_rollout_bench(config, progress=update)
@@ -144,4 +158,19 @@ def run_async(args) -> dict:
         summary = run_async_bench(config, progress=update)
     console.print(f"sync / async: whole process {summary['wall_ratio_median']:.2f}x, "
                   f"training loop {summary['loop_ratio_median']:.2f}x")
+    return summary
+
+
+def run_kernel(args) -> dict:
+    set_threads(args.threads)
+    config = KernelBenchConfig(model=args.model, rows=_int_list(args.rows, "--rows"), rounds=args.rounds)
+    with progress_bar(f"bench kernel {config.model}", len(config.rows)) as update:
+        summary = run_kernel_bench(config, progress=update)
+    table = Table(title=f"projections of {config.model} ({summary['weights_mb']:.0f} MB), {summary['threads']} threads")
+    for column in ("rows M", "eager ms", "fast ms", "speedup", "fast GB/s"):
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(str(row["rows"]), f"{row['eager_ms']:.1f}", f"{row['fast_ms']:.1f}", f"{row['speedup']:.2f}x",
+                      f"{row['fast_gb_per_s']:.1f}")
+    console.print(table)
     return summary

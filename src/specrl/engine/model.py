@@ -4,45 +4,77 @@ One module covers Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNor
 and SmolLM2 (Llama with tied embeddings). Projections are fused (qkv, gate+up) so
 one decode step is a handful of matmuls per layer. fp32 throughout, inference only.
 
-Each projection keeps its weight in both layouts (`Projection`) and applies it with the
-kernel that streams it fastest for the row count at hand. Decoding and verification
-multiply a few rows (M = B*(K+1)) by weights read from DRAM, where the kernels differ a
-lot (this CPU, 1 thread, 40 projections of 576x3072 streamed from memory, ms):
+Decoding and verification multiply a few rows (M = B*(K+1)) by weights read from DRAM, and
+that multiplication is most of a step. Each `Projection` applies its weight with the kernel
+that streams it fastest for the M at hand:
 
-    rows M                       1      2      3      4      8
-    x @ W_t  (W_t [in, out])   18.0   29.7   32.3   35.8   48.2
-    F.linear (W  [out, in])    21.0   22.4   24.1   40.7   52.8
+    fast path (default)  specrl's small-row kernel (`specrl.kernels.small_gemm`) for
+                         M <= 32, the weight packed once per load; F.linear (MKL) above
+    eager                MKL only: F.linear for M = 2..3, x @ W_t for every other M
 
-so M = 2..3 (k = 1..2 drafts at batch 1, or plain decoding at batch 2..3) use F.linear and
-every other M uses x @ W_t. The price is twice the weight memory.
+SmolLM2-135M's projections and LM head, median ms per pass, this project's CPU (the table and
+its command, `specrl bench kernel`, are in docs/fast_path.md):
+
+    rows M                   1      2      4      8     32
+    MKL, 1 thread           54    103    106    155    247
+    kernel, 1 thread        32     34     37     85    215
+    kernel, 2 threads       27     24     27     34     96
+
+The kernel also computes each row independently of the others, in one fixed order, so a
+row's logits are the same bit for bit whether it is decoded alone or verified with drafts.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specrl.models.checkpoint import ModelConfig, check_d2t, check_finite, load_config, load_state_dict
 from specrl.engine.kv_cache import KVCache
+from specrl.kernels import small_gemm
+from specrl.models.checkpoint import ModelConfig, check_d2t, check_finite, load_config, load_state_dict
 
 
 class Projection:
-    """y = x W^T (+ bias) for W [out, in], kept in both layouts (see the module docstring)."""
+    """y = x W^T (+ bias) for W [out, in], with the kernel that streams W fastest for the row count M
+    (see the module docstring). `fast` packs W for specrl's kernel; otherwise W is also kept
+    transposed for MKL's fastest M = 1 and M >= 4 path. Either way twice the weight memory."""
 
-    ROWS_FOR_LINEAR = (2, 3)
+    ROWS_FOR_LINEAR = (2, 3)  # eager: F.linear beats x @ W_t only here
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, fast: bool = False):
         self.weight = weight.contiguous()  # [out, in]
-        self.weight_t = weight.t().contiguous()  # [in, out]
         self.bias = bias
+        self.packed = small_gemm.pack(self.weight) if fast else None  # [ceil(out/8), in, 8]
+        self.weight_t = None if fast else self.weight.t().contiguous()  # [in, out]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // x.shape[-1] in self.ROWS_FOR_LINEAR:
+        rows = x.numel() // x.shape[-1]
+        if self.packed is not None:
+            if rows > small_gemm.MAX_ROWS:
+                return F.linear(x, self.weight, self.bias)
+            y = small_gemm.matmul(x, self.packed, self.weight.shape[0])
+        elif rows in self.ROWS_FOR_LINEAR:
             return F.linear(x, self.weight, self.bias)
-        y = x @ self.weight_t
+        else:
+            y = x @ self.weight_t
         return y + self.bias if self.bias is not None else y
+
+
+def fast_path_available(wanted: bool) -> bool:
+    """Whether projections take the fast path: `wanted` and the kernel runs here. When it was wanted
+    but cannot run, say why (once per reason) and run eager, as `backend.compile=false` would."""
+    if not wanted:
+        return False
+    reason = small_gemm.unavailable()
+    if reason:
+        warnings.warn(f"specrl's fast path is unavailable ({reason}); running eager PyTorch. Build it with "
+                      "`make` (or `python -m specrl.kernels.small_gemm`), or set backend.compile=false "
+                      "to choose eager.", RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -81,16 +113,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class LlamaModel:
     """Weights plus a forward pass over a KVCache; built by `from_pretrained`."""
 
-    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], source: str = "<memory>"):
+    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], source: str = "<memory>",
+                 fast_path: bool = True):
         self.cfg = cfg
         self.source = source
+        self.fast_path = fast_path_available(fast_path)  # small-row kernel for projections (module docstring)
         self.load_weights(state)
         self.rope_cos, self.rope_sin = rope_tables(cfg)
 
     @classmethod
-    def from_pretrained(cls, checkpoint_dir: str | Path) -> "LlamaModel":
+    def from_pretrained(cls, checkpoint_dir: str | Path, fast_path: bool = True) -> "LlamaModel":
         cfg = load_config(Path(checkpoint_dir))
-        return cls(cfg, load_state_dict(Path(checkpoint_dir)), source=str(checkpoint_dir))
+        return cls(cfg, load_state_dict(Path(checkpoint_dir)), source=str(checkpoint_dir), fast_path=fast_path)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the config implies, with its shape (lm_head, d2t, biases and q/k norms are checked
@@ -155,15 +189,18 @@ class LlamaModel:
             bias = [opt(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
             layers.append({
                 "attn_norm": get(p + "input_layernorm.weight"),
-                "qkv": Projection(torch.cat(qkv, 0), torch.cat(bias, 0) if all(b is not None for b in bias) else None),
-                "o": Projection(get(p + "self_attn.o_proj.weight")),
+                "qkv": Projection(torch.cat(qkv, 0), torch.cat(bias, 0) if all(b is not None for b in bias) else None,
+                                  fast=self.fast_path),
+                "o": Projection(get(p + "self_attn.o_proj.weight"), fast=self.fast_path),
                 "q_norm": opt(p + "self_attn.q_norm.weight"),
                 "k_norm": opt(p + "self_attn.k_norm.weight"),
                 "mlp_norm": get(p + "post_attention_layernorm.weight"),
-                "gate_up": Projection(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0)),
-                "down": Projection(get(p + "mlp.down_proj.weight")),
+                "gate_up": Projection(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0),
+                                      fast=self.fast_path),
+                "down": Projection(get(p + "mlp.down_proj.weight"), fast=self.fast_path),
             })
-        self.embed, self.lm_head, self.final_norm = embed, Projection(head), get("model.norm.weight")
+        self.embed, self.lm_head = embed, Projection(head, fast=self.fast_path)
+        self.final_norm = get("model.norm.weight")
         self.d2t, self.layers = d2t, layers
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:

@@ -1,0 +1,72 @@
+"""Projection benchmark: one pass over a model's projections and LM head, eager (MKL) vs the fast path.
+
+The engine's `Projection` objects, built both ways from random weights of the model's shapes
+(every layer's fused qkv, o, fused gate/up and down, then the LM head: the weights one decode or
+verify step streams), multiply M rows; both variants alternate for `rounds` rounds and the
+median ms per pass is reported, with the weight-streaming rate it implies. Ends with one JSON line.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from specrl.engine.model import Projection, fast_path_available
+from specrl.models.checkpoint import load_config
+from specrl.models.registry import resolve_checkpoint
+from specrl.validation import check_fields, within
+
+
+@dataclass(frozen=True)
+class KernelBenchConfig:
+    SECTION: ClassVar[str] = "bench kernel"
+
+    model: str = "smollm2-135m"  # whose shapes (a registered name or a checkpoint folder)
+    rows: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 32, 64, 128)  # M values
+    rounds: int = within(7, "[1, inf)")
+
+    def __post_init__(self):
+        check_fields(self)
+        if not self.rows or min(self.rows) < 1:
+            raise ValueError("bench kernel: rows must be positive integers")
+
+
+def model_shapes(model: str) -> list[tuple[int, int]]:
+    """(out, in) of every projection one step streams: per layer qkv, o, gate/up, down; then the LM head."""
+    c = load_config(resolve_checkpoint(model))
+    H, d, I = c.hidden_size, c.head_dim, c.intermediate_size
+    layer = [((c.num_attention_heads + 2 * c.num_key_value_heads) * d, H), (H, c.num_attention_heads * d),
+             (2 * I, H), (H, I)]
+    return layer * c.num_hidden_layers + [(c.output_vocab_size, H)]
+
+
+@torch.inference_mode()
+def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
+    if not fast_path_available(True):
+        raise ValueError("the fast path's kernel is unavailable here (see the warning above)")
+    shapes = model_shapes(config.model)
+    weights = [torch.randn(out, inp) / inp ** 0.5 for out, inp in shapes]
+    variants = {"eager": [Projection(w) for w in weights], "fast": [Projection(w, fast=True) for w in weights]}
+    megabytes = sum(w.numel() for w in weights) * 4 / 1e6
+    rows = []
+    for i, m in enumerate(config.rows):
+        inputs = {inp: torch.randn(m, inp) for _, inp in set(shapes)}
+        times = {name: [] for name in variants}
+        for r in range(config.rounds + 1):
+            for name, projections in variants.items():
+                start = time.perf_counter()
+                for p, (_, inp) in zip(projections, shapes):
+                    p(inputs[inp])
+                if r:  # the first round warms up
+                    times[name].append(time.perf_counter() - start)
+        eager, fast = (1000 * statistics.median(times[n]) for n in ("eager", "fast"))
+        rows.append({"rows": m, "eager_ms": eager, "fast_ms": fast, "speedup": eager / fast,
+                     "fast_gb_per_s": megabytes / fast})
+        if progress is not None:
+            progress(i + 1, len(config.rows))
+    one = rows[0]["fast_ms"] if config.rows[0] == 1 else None
+    return {"model": config.model, "threads": torch.get_num_threads(), "weights_mb": megabytes, "rounds": config.rounds,
+            "rows": rows, "fast_cost_vs_one_row": {str(r["rows"]): r["fast_ms"] / one for r in rows} if one else None}

@@ -1,0 +1,78 @@
+// y[M, N] = x[M, K] @ W[N, K]^T for the few rows decoding and verification multiply (fp32, AVX2 + FMA).
+//
+// Why: MKL and OpenBLAS switch from gemv (1 row) to gemm (2+ rows) kernels that stream the weights
+// 1.7-2.5x slower on this class of CPU, so verifying k drafts cost far more than one decode step.
+// Here each weight is streamed once for up to 8 rows.
+//
+// Layout: W is packed as Wp[N8][K][8], N8 = ceil(N / 8): block b holds outputs 8b..8b+7, and for
+// each k their 8 weights are contiguous (one 32-byte load). A tile multiplies R rows of x by NB
+// consecutive blocks: per k, NB weight loads, R broadcasts of x[r][k], R * NB FMAs into R * NB
+// accumulators held in registers (R * NB + NB + 1 <= 16 ymm registers).
+//
+// Batch invariance: every (row, output) is accumulated over k in the same order by one FMA chain,
+// whatever R, NB or M, so a row's result does not depend on the other rows in the call: verifying
+// k drafts gives the same logits as decoding the tokens one at a time.
+#include <immintrin.h>
+#include <stdint.h>
+
+template <int R, int NB>
+static inline void tile(const float* x, int64_t ldx, const float* wp, int K, float* y, int64_t ldy) {
+    __m256 acc[R][NB];
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm256_setzero_ps();
+    const int64_t stride = (int64_t)K * 8;  // between consecutive blocks
+    for (int k = 0; k < K; ++k) {
+        __m256 w[NB];
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) w[b] = _mm256_load_ps(wp + b * stride + (int64_t)k * 8);
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
+            __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm256_fmadd_ps(xv, w[b], acc[r][b]);
+        }
+    }
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) _mm256_storeu_ps(y + r * ldy + b * 8, acc[r][b]);
+}
+
+// Rows [0, M) against blocks [b0, b0 + nb) of W, in chunks of up to 8 rows: the first chunk streams
+// the blocks from memory, the others find them in the core's L2 cache.
+template <int R, int NB>
+static inline void tiles(const float* x, int K, const float* wp, int b0, int nb, float* y, int64_t ldy) {
+    const int64_t stride = (int64_t)K * 8;
+    int b = b0;
+    for (; b + NB <= b0 + nb; b += NB) tile<R, NB>(x, K, wp + (int64_t)b * stride, K, y + (int64_t)b * 8, ldy);
+    for (; b < b0 + nb; ++b) tile<R, 1>(x, K, wp + (int64_t)b * stride, K, y + (int64_t)b * 8, ldy);
+}
+
+static void chunk(const float* x, int rows, int K, const float* wp, int b0, int nb, float* y, int64_t ldy) {
+    switch (rows) {
+        case 1: tiles<1, 3>(x, K, wp, b0, nb, y, ldy); break;
+        case 2: tiles<2, 3>(x, K, wp, b0, nb, y, ldy); break;
+        case 3: tiles<3, 3>(x, K, wp, b0, nb, y, ldy); break;
+        case 4: tiles<4, 3>(x, K, wp, b0, nb, y, ldy); break;
+        case 5: tiles<5, 2>(x, K, wp, b0, nb, y, ldy); break;
+        case 6: tiles<6, 2>(x, K, wp, b0, nb, y, ldy); break;
+        case 7: tiles<7, 1>(x, K, wp, b0, nb, y, ldy); break;
+        default: tiles<8, 1>(x, K, wp, b0, nb, y, ldy); break;
+    }
+}
+
+// y is [M, 8 * N8] (row stride 8 * N8); x is [M, K] contiguous. Threads split the blocks of W in
+// groups of GROUP (a group's weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
+static const int GROUP = 6;
+
+extern "C" int specrl_small_gemm(const float* x, const float* wp, float* y, int M, int N8, int K, int threads) {
+    const int64_t ldy = (int64_t)N8 * 8;
+    const int groups = (N8 + GROUP - 1) / GROUP;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int g = 0; g < groups; ++g) {
+        const int b0 = g * GROUP, nb = N8 - b0 < GROUP ? N8 - b0 : GROUP;
+        for (int m = 0; m < M; m += 8)
+            chunk(x + (int64_t)m * K, M - m < 8 ? M - m : 8, K, wp, b0, nb, y + (int64_t)m * ldy, ldy);
+    }
+    return 0;
+}
+// 1 when this CPU runs AVX2 and FMA instructions (the kernel's), else 0.
+extern "C" int specrl_small_gemm_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}

@@ -1,0 +1,120 @@
+"""specrl's small-row matmul kernel (`small_gemm.cpp`), built once and loaded with ctypes.
+
+Decoding and verification multiply a few rows (M = live rows x (k + 1)) by weights streamed
+from memory; MKL's gemm for M >= 2 streams them 1.7-2.5x slower than its gemv for M = 1, so
+before this kernel verifying 3 drafts at batch 1 cost ~2.6 decode steps. The kernel streams
+each weight once for up to 8 rows (see the .cpp) and is used for M <= MAX_ROWS; larger M goes
+to MKL, which is efficient there.
+
+    packed = pack(weight)              [N, K] -> [ceil(N/8), K, 8], once per weight load or sync
+    y = matmul(x, packed, N)           x [..., K] -> y [..., N]
+
+Where the library comes from, in order: the copy `make` builds next to the source
+(`python -m specrl.kernels.small_gemm`), or one built on first use into the user's cache
+(`$SPECRL_CACHE/kernels`, else ~/.cache/specrl/kernels; keyed by the source's hash, so a
+changed source is rebuilt). It needs a C++ compiler with OpenMP and a CPU with AVX2 and FMA;
+where either is missing `unavailable()` says why and the engine runs eager PyTorch.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("small_gemm.cpp")
+PACKAGED = Path(__file__).with_name("libspecrl_small_gemm.so")
+MAX_ROWS = 128  # up to here the kernel beats MKL (measured on this project's CPU, 1 and 2 threads); above, MKL
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+
+
+def _digest() -> str:
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+
+
+def build(out: Path) -> Path:
+    """Compile the kernel into `out` (atomically); raises RuntimeError naming what failed."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _cached_path() -> Path:
+    env = os.environ.get("SPECRL_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "specrl"
+    return root / "kernels" / f"small_gemm-{_digest()}.so"
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why it is unavailable); decided once per process."""
+    path = PACKAGED if PACKAGED.is_file() and PACKAGED.with_suffix(".sha").is_file() \
+        and PACKAGED.with_suffix(".sha").read_text().strip() == _digest() else _cached_path()
+    try:
+        if not path.is_file():
+            build(path)
+        lib = ctypes.CDLL(str(path))
+    except (RuntimeError, OSError) as err:
+        return None, str(err)
+    if not lib.specrl_small_gemm_supported():
+        return None, "this CPU lacks AVX2 or FMA"
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.specrl_small_gemm.argtypes = [p, p, p, i, i, i, i]
+    lib.specrl_small_gemm.restype = i
+    return lib, ""
+
+
+def unavailable() -> str:
+    """Why the kernel cannot run here ("" when it can)."""
+    return _library()[1]
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] fp32 -> [ceil(N/8), K, 8]: each block of 8 outputs with its weights interleaved by k
+    (outputs past N are zero rows)."""
+    N, K = weight.shape
+    padded = torch.zeros(-(-N // 8) * 8, K, dtype=torch.float32)
+    padded[:N] = weight
+    return padded.view(-1, 8, K).transpose(1, 2).contiguous()
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32)."""
+    lib = _library()[0]
+    K = packed.shape[1]
+    rows = x.reshape(-1, K).contiguous()
+    M, N8 = rows.shape[0], packed.shape[0]
+    y = torch.empty(M, N8 * 8)
+    lib.specrl_small_gemm(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), M, N8, K, torch.get_num_threads())
+    if N8 * 8 != out_features:
+        y = y[:, :out_features]
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+def main() -> None:
+    """`python -m specrl.kernels.small_gemm`: build the library next to its source (what `make` runs)."""
+    build(PACKAGED)
+    PACKAGED.with_suffix(".sha").write_text(_digest() + "\n")
+    print(f"built {PACKAGED}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""specrl's small-row matmul kernel (the engine's fast path) against PyTorch, and its fallback.
+
+Chain of invariants:
+    kernel(x, pack(W))       == x @ W^T to fp32 rounding, for any M, N (not a multiple of 8 too) and K;
+    each row's result        is the same bit for bit whatever the other rows (M) and the thread count;
+    Projection, fast path    == Projection, eager, bias included;
+    a kernel that cannot run  warns once with the reason and the engine runs eager.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrl.engine.model import LlamaModel, Projection
+from specrl.kernels import small_gemm
+
+pytestmark = pytest.mark.skipif(bool(small_gemm.unavailable()), reason=f"kernel unavailable: {small_gemm.unavailable()}")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 24, 33, 64, 128])
+@pytest.mark.parametrize("out_features, in_features", [(48, 64), (22, 64), (1001, 63), (7, 5)])
+def test_the_kernel_equals_a_matmul(rows, out_features, in_features):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=generator)
+    w = torch.randn(out_features, in_features, generator=generator)
+    got = small_gemm.matmul(x, small_gemm.pack(w), out_features)
+    assert got.shape == (rows, out_features)
+    torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_threads():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 96, generator=generator)
+    packed = small_gemm.pack(torch.randn(200, 96, generator=generator))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([small_gemm.matmul(x[i:i + 1], packed, 200) for i in range(40)])
+        torch.set_num_threads(2)
+        for m in (2, 4, 7, 16, 40):
+            assert torch.equal(small_gemm.matmul(x[:m], packed, 200), alone[:m])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 200])  # 200 > MAX_ROWS: MKL on both paths
+def test_fast_and_eager_projections_agree_bias_included(rows):
+    w, b = torch.randn(30, 16), torch.randn(30)
+    x = torch.randn(2, rows, 16)
+    torch.testing.assert_close(Projection(w, b, fast=True)(x), Projection(w, b)(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_that_cannot_run_warns_and_the_engine_runs_eager(target_dir, monkeypatch):
+    monkeypatch.setattr(small_gemm, "unavailable", lambda: "no C++ compiler found (set CXX, or install g++)")
+    with pytest.warns(RuntimeWarning, match="fast path is unavailable \\(no C\\+\\+ compiler found"):
+        model = LlamaModel.from_pretrained(target_dir)
+    assert not model.fast_path and model.lm_head.packed is None
+
+
+def test_the_kernel_builds_from_its_source(tmp_path):
+    built = small_gemm.build(tmp_path / "k.so")
+    assert built.is_file() and built.stat().st_size > 1000
