@@ -56,6 +56,7 @@ class RolloutBenchConfig:
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
     hf: bool = True  # also time transformers generate
     compile: bool = True  # the engine's fast path (specrl's small-row kernel); False = eager PyTorch
+    eager_baseline: bool = False  # also time decoding without speculation on the eager path (fast_vs_eager)
     seed: int = 0
 
     def __post_init__(self):
@@ -157,6 +158,8 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
                   compile=config.compile)
     base = make_backend(BackendConfig(proposer="none", **common))
     spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common))
+    eager = make_backend(BackendConfig(proposer="none", **{**common, "compile": False})) \
+        if config.eager_baseline and config.compile else None
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
 
     greedy = SamplingParams(n=config.n, temperature=0, max_tokens=config.max_tokens)
@@ -166,12 +169,13 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     warm = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
                           seed=config.seed)
     spec.generate(prompts, warm)  # lets the adaptive controller explore before timing
-    rates = {"base": [], "spec": [], "hf": []}
-    runs = {"base": [], "spec": []}
+    rates = {"base": [], "spec": [], "hf": [], "eager": []}
+    runs = {"base": [], "spec": [], "eager": []}
+    variants = (("base", base), ("spec", spec)) + ((("eager", eager),) if eager is not None else ())
     for r in range(config.rounds):
         params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
                                 seed=config.seed + 1 + r)
-        for name, backend in (("base", base), ("spec", spec)):
+        for name, backend in variants:
             result = backend.generate(prompts, params)
             runs[name].append(result)
             rates[name].append(result.num_tokens / result.seconds)
@@ -188,6 +192,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
             k_hist[k] = k_hist.get(k, 0) + count
     base_rate, spec_rate = statistics.median(rates["base"]), statistics.median(rates["spec"])
     hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
+    eager_rate = statistics.median(rates["eager"]) if rates["eager"] else None
     costs = step_cost_model(config, base, runs["spec"], k_hist, stats, spec_rate / base_rate, prompts, max_tokens)
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
@@ -196,6 +201,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "rounds": config.rounds, "threads": torch.get_num_threads(),
         "tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,
         "tokens_per_s_hf": hf_rate, "base_vs_hf": base_rate / hf_rate if hf_rate else None,
+        "tokens_per_s_eager": eager_rate, "fast_vs_eager": base_rate / eager_rate if eager_rate else None,
         "acceptance_length": stats.acceptance_length, "acceptance_rate": stats.acceptance_rate,
         "acceptance_per_pos": stats.acceptance_per_pos, "k_histogram": dict(sorted(k_hist.items())),
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),

@@ -31,6 +31,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip timing transformers generate")
     p.add_argument("--no-compile", action="store_true",
                    help="run the embedded engine eager (PyTorch/MKL) instead of its fast path")
+    p.add_argument("--eager-baseline", action="store_true",
+                   help="also time decoding on the eager path, alternating, and report fast_vs_eager")
     _add_sampling_flags(p, d)
     p.set_defaults(func=run)
 
@@ -97,7 +99,8 @@ def run(args) -> dict:
     config = RolloutBenchConfig(
         model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
         k=args.k, adaptive=not args.fixed_k, max_tokens=args.max_tokens, temperature=args.temperature,
-        rounds=args.rounds, hf=not args.no_hf, compile=not args.no_compile, seed=args.seed,
+        rounds=args.rounds, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
+        seed=args.seed,
     )
     with progress_bar(f"bench {config.model} {config.proposer} batch={config.batch}", config.rounds) as update:
         summary = run_rollout_bench(config, progress=update)
