@@ -115,9 +115,10 @@ def test_training_on_the_targets_rollouts_raises_held_out_acceptance(tmp_path, k
     tau_est ~1.1 -> 1.9-2.6 depending on thread timing of the sampled rollouts)."""
     from specrl.models.registry import resolve_checkpoint
     from specrl.training.head_training import TrainHeadConfig, train_head
+    from specrl.training.rollout_data import RolloutDataConfig
 
-    config = TrainHeadConfig(kind=kind, prompts=192, max_new_tokens=24, steps=120, held_out_prompts=32,
-                             sample_seconds=300, train_seconds=300, threads=2)
+    data = RolloutDataConfig(prompts=192, max_new_tokens=24, held_out_prompts=32, sample_seconds=300)
+    config = TrainHeadConfig(kind=kind, steps=120, train_seconds=300, threads=2, data=data)
     summary = train_head("tiny", resolve_checkpoint("tiny"), tmp_path / kind, config)
     before, after = summary["before"]["per_depth"], summary["after"]["per_depth"]
     for b, a in zip(before, after):

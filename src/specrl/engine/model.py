@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from specrl.engine.kv_cache import KVCache
 from specrl.kernels import small_gemm
-from specrl.models.checkpoint import ModelConfig, check_d2t, check_finite, load_config, load_state_dict
+from specrl.models.checkpoint import (ModelConfig, check_d2t, check_finite, load_state_dict, parse_config,
+                                      read_config_json)
 
 
 class Projection:
@@ -122,9 +123,21 @@ class LlamaModel:
         self.rope_cos, self.rope_sin = rope_tables(cfg)
 
     @classmethod
-    def from_pretrained(cls, checkpoint_dir: str | Path, fast_path: bool = True) -> "LlamaModel":
-        cfg = load_config(Path(checkpoint_dir))
-        return cls(cfg, load_state_dict(Path(checkpoint_dir)), source=str(checkpoint_dir), fast_path=fast_path)
+    def from_pretrained(cls, checkpoint_dir: str | Path, fast_path: bool = True,
+                        shared: dict[str, torch.Tensor] | None = None) -> "LlamaModel":
+        """Load a checkpoint. A draft that shares tensors with its target (config.json
+        `specrl_shared_with_target`, e.g. the input embedding) takes them from `shared`."""
+        checkpoint_dir = Path(checkpoint_dir)
+        raw = read_config_json(checkpoint_dir)
+        state = load_state_dict(checkpoint_dir)
+        needed = raw.get("specrl_shared_with_target") or []
+        missing = [name for name in needed if name not in (shared or {})]
+        if missing:
+            raise ValueError(f"{checkpoint_dir}: shares {missing} with its target; load it as a draft of that "
+                             "target (proposer=draft), not on its own")
+        state.update({name: shared[name] for name in needed})
+        return cls(parse_config(raw, checkpoint_dir / "config.json"), state, source=str(checkpoint_dir),
+                   fast_path=fast_path)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the config implies, with its shape (lm_head, d2t, biases and q/k norms are checked

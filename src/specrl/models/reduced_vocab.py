@@ -57,14 +57,24 @@ def _attach_reduced_head(model: LlamaForCausalLM, d2t: torch.Tensor) -> None:
     model.register_buffer(D2T_KEY, d2t.clone(), persistent=False)
 
 
-def save_draft(draft: LlamaForCausalLM, out_dir: Path) -> None:
-    """Write config.json and model.safetensors (with `d2t`) into `out_dir`."""
+SHARED_KEY = "specrl_shared_with_target"  # config.json: tensors a checkpoint leaves to its target
+
+
+def save_draft(draft: LlamaForCausalLM, out_dir: Path, dtype: torch.dtype = torch.float32,
+               share_embeddings: bool = False) -> None:
+    """Write config.json and model.safetensors (with `d2t`) into `out_dir`; floating tensors stored as
+    `dtype`. `share_embeddings` leaves out the input embedding (the target's, frozen in training): the
+    config lists it under `specrl_shared_with_target` and the engine fills it from the target."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = draft.config.to_dict()
     config["architectures"] = ["LlamaForCausalLM"]
     config["draft_vocab_size"] = int(getattr(draft, D2T_KEY).numel())
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items()}
+    if share_embeddings:
+        del tensors["model.embed_tokens.weight"]
+        config[SHARED_KEY] = ["model.embed_tokens.weight"]
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
     tensors[D2T_KEY] = getattr(draft, D2T_KEY).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -72,11 +72,13 @@ class DraftHead(nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.target.embed)
 
-    def write(self, out_dir: Path, state: dict[str, torch.Tensor], fields: dict) -> None:
-        """model.safetensors with `state`, and config.json: a one-layer Llama config of the head's
-        shape plus the kind's own `fields`."""
+    def write(self, out_dir: Path, state: dict[str, torch.Tensor], fields: dict,
+              dtype: torch.dtype = torch.float32) -> None:
+        """model.safetensors with `state` (floating tensors stored as `dtype`; loaders compute in fp32),
+        and config.json: a one-layer Llama config of the head's shape plus the kind's own `fields`."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
         save_file(state, str(out_dir / "model.safetensors"))
         c = self.cfg
         config = {
@@ -85,6 +87,7 @@ class DraftHead(nn.Module):
             "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
             "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
             "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size, "hidden_act": "silu",
+            "torch_dtype": str(dtype).removeprefix("torch."),
             **({"rope_scaling": c.rope_scaling} if c.rope_scaling else {}), **fields,
         }
         (out_dir / "config.json").write_text(json.dumps(config, indent=2))

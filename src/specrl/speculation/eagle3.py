@@ -96,8 +96,8 @@ class Eagle3Head(DraftHead):
         head.d2t = d2t
         return head
 
-    def save(self, out_dir: Path) -> None:
-        """config.json + model.safetensors in vLLM's EAGLE-3 layout."""
+    def save(self, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+        """config.json + model.safetensors in vLLM's EAGLE-3 layout (weights stored as `dtype`)."""
         c, own = self.cfg, self.state_dict()
         state = {theirs: own[ours].detach().contiguous() for ours, theirs in _LAYER_NAMES.items()}
         if self.d2t is not None:
@@ -109,7 +109,7 @@ class Eagle3Head(DraftHead):
             "architectures": [ARCHITECTURE], "draft_vocab_size": c.output_vocab_size,
             "target_hidden_size": c.hidden_size, "tie_word_embeddings": False,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True},
-        })
+        }, dtype)
 
     @classmethod
     def load(cls, head_dir: Path, raw: dict, target: LlamaModel) -> "Eagle3Head":

@@ -90,12 +90,13 @@ class MTPHead(DraftHead):
     def _prefix(self) -> str:
         return f"model.layers.{self.target.cfg.num_hidden_layers}."
 
-    def save(self, out_dir: Path) -> None:
+    def save(self, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+        """config.json + model.safetensors with DeepSeek-V3's MTP names (weights stored as `dtype`)."""
         own = self.state_dict()
         self.write(out_dir, {self._prefix() + theirs: own[ours].detach().contiguous() for ours, theirs in _NAMES.items()}, {
             "architectures": [ARCHITECTURE], "num_nextn_predict_layers": 1,
             "target_num_hidden_layers": self.target.cfg.num_hidden_layers, "tie_word_embeddings": True,
-        })
+        }, dtype)
 
     @classmethod
     def load(cls, head_dir: Path, raw: dict, target: LlamaModel) -> "MTPHead":

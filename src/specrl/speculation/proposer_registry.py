@@ -64,8 +64,9 @@ KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (
     ProposerKind("suffix", "sibling rollouts of the same prompt (the GRPO group) and its earlier rollouts",
                  lambda s: SuffixProposer(), vllm_refusal="vLLM has no group-suffix (sibling rollout) proposer"),
     ProposerKind("draft", "a small draft model with its own KV cache",
-                 lambda s: DraftModelProposer(LlamaModel.from_pretrained(s.checkpoint, fast_path=s.target.fast_path),
-                                              s.target.cfg.vocab_size),
+                 lambda s: DraftModelProposer(LlamaModel.from_pretrained(
+                     s.checkpoint, fast_path=s.target.fast_path, shared={"model.embed_tokens.weight": s.target.embed}),
+                     s.target.cfg.vocab_size),
                  checkpoint="draft", vllm_method="draft_model"),
     ProposerKind("eagle3", "an EAGLE-3 head on the target's low, middle and high hidden states",
                  _head_proposer("eagle3"), checkpoint="eagle3", head=Eagle3Head, vllm_method="eagle3"),

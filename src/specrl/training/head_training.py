@@ -1,13 +1,11 @@
 """`specrl train-draft --kind eagle3|mtp`: train a hidden-state draft head on the target's own rollouts.
 
 What it does, in order (seeded; CPU threads set on purpose):
-1. Rollouts: the embedded engine samples the target at temperature 1 on the task's prompts
-   (reasoning-gym for SmolLM2, the arithmetic task for tiny), with a `HiddenStateRecorder`
-   in the proposer slot: the engine hands it the hidden states of every position it runs
-   (prefill and decode), so collecting features costs no extra forward pass.
-2. Targets: p at each response position = softmax(final normed state @ lm_head), temperature 1;
-   its top-k entries are kept. EAGLE-3's reduced output vocabulary is the N ids with the
-   largest expected count sum_t p_t(x) (`d2t`).
+1. Rollouts (`rollout_data`): the engine samples the target at temperature 1 on its RL preset's
+   prompts, recording the hidden states it computes anyway, and p's top-k at every response
+   position; or a saved collection is loaded (`--rollouts DIR`).
+2. EAGLE-3's reduced output vocabulary is the N ids with the largest expected count
+   sum_t p_t(x) (`d2t`).
 3. Training-time test (see `speculation.head_layer`): the head runs chain elements 1..depth over
    every sequence at once and is trained with soft cross-entropy against p, restricted to
    its support and renormalised, depth j weighted by decay^(j-1). Only anchors the engine
@@ -18,25 +16,23 @@ What it does, in order (seeded; CPU threads set on purpose):
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
-from tqdm import tqdm
 
-from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
-from specrl.models.checkpoint import load_tokenizer, save_atomically
-from specrl.pipeline.config import preset_prompts
-from specrl.sampling import SamplingParams
-from specrl.speculation.draft_head import DraftHead, default_aux_layers
-from specrl.speculation.eagle3 import Eagle3Head, engine_layers
-from specrl.speculation.hidden_recorder import HiddenStateRecorder
+from specrl.models.checkpoint import save_atomically
+from specrl.speculation.draft_head import DraftHead
+from specrl.speculation.eagle3 import Eagle3Head
 from specrl.speculation.mtp import MTPHead
 from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.training.loop import fit, shuffled_batches
 from specrl.training.losses import soft_cross_entropy
+from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
 from specrl.validation import check_fields, within
+
 
 @dataclass
 class TrainHeadConfig:
@@ -46,84 +42,29 @@ class TrainHeadConfig:
     draft_vocab: EAGLE-3's output vocabulary N (0 = the target's whole vocabulary); MTP always uses the target's head.
     depth: chain elements trained per anchor (training-time test); the K it drafts best.
     depth_decay: loss weight of depth j is depth_decay^(j-1).
-    prompts: training prompts sampled (one rollout each).
-    sample_batch: prompts per generate call.
-    max_new_tokens: response cap when sampling.
-    sample_seconds: sampling stops starting new batches after this many seconds.
-    held_out_prompts: prompts of the held-out set (other seeds).
-    top_k: target probabilities kept per training position.
     steps: optimiser steps (shuffled passes over the rollouts).
     train_seconds: training stops after this many seconds, even if steps remain.
     lr: peak AdamW learning rate (warm-up over 10 steps, cosine to lr / 10).
     micro_batch: sequences per optimiser step.
     seed: seeds prompts, sampling and data order.
     threads: torch CPU threads.
+    data: how the target's rollouts are sampled.
     """
 
     kind: Literal[tuple(HEAD_KINDS)] = "eagle3"  # type: ignore[valid-type]
     draft_vocab: int = within(8192, "[0, inf)")
     depth: int = within(3, "[1, inf)")
     depth_decay: float = within(0.8, "(0, 1]")
-    prompts: int = within(512, "[1, inf)")
-    sample_batch: int = within(64, "[1, inf)")
-    max_new_tokens: int = within(128, "[1, inf)")
-    sample_seconds: float = within(270.0, "(0, inf)")
-    held_out_prompts: int = within(16, "[1, inf)")
-    top_k: int = within(64, "[1, inf)")
     steps: int = within(400, "[1, inf)")
     train_seconds: float = within(240.0, "(0, inf)")
     lr: float = within(1e-3, "(0, inf)")
     micro_batch: int = within(8, "[1, inf)")
     seed: int = 0
     threads: int = within(1, "[1, inf)")
+    data: RolloutDataConfig = field(default_factory=RolloutDataConfig)
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-@dataclass
-class Rollouts:
-    ids: list[torch.Tensor]  # per sequence [S] long: prompt + response
-    prompt_lens: list[int]
-    features: list[dict[int, torch.Tensor]]  # per sequence {layer: [S - 1, H]} fp16 (layer -1 always there)
-    top_p: list[torch.Tensor]  # per sequence [R, top_k] fp16: p at positions L-1 .. S-2 (predicting the response)
-    top_ids: list[torch.Tensor]  # per sequence [R, top_k] long
-
-
-@torch.inference_mode()
-def collect_rollouts(target: LlamaModel, tokenizer, prompts: list[str], layers: tuple[int, ...],
-                     config: TrainHeadConfig, seed: int, seconds: float | None, desc: str) -> tuple[Rollouts, torch.Tensor]:
-    """Sample one rollout per prompt, batch by batch; returns the rollouts and soft counts [V] of p."""
-    recorder = HiddenStateRecorder(tuple(sorted(set(layers) | {-1})))
-    engine = RolloutEngine(target, tokenizer, recorder, EngineConfig(num_speculative_tokens=0))
-    out = Rollouts([], [], [], [], [])
-    soft = torch.zeros(target.cfg.vocab_size, dtype=torch.float64)
-    start = time.perf_counter()
-    batches = range(0, len(prompts), config.sample_batch)
-    bar = tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True)
-    for b, s in enumerate(batches):
-        chunk = prompts[s:s + config.sample_batch]
-        params = SamplingParams(temperature=1.0, max_tokens=config.max_new_tokens, seed=seed + b)
-        result = engine.generate(chunk, params)
-        for slot, completion in enumerate(result.completions):
-            prompt = tokenizer.encode(chunk[slot], add_special_tokens=False)
-            ids = torch.tensor(prompt + completion.token_ids)
-            feats = recorder.features(slot, len(ids) - 1)
-            p = torch.softmax(target.lm_head(feats[-1][len(prompt) - 1:].float()), dim=-1)  # [R, V]
-            soft += p.sum(0, dtype=torch.float64)
-            values, indices = p.topk(min(config.top_k, p.shape[-1]), dim=-1)
-            out.ids.append(ids)
-            out.prompt_lens.append(len(prompt))
-            out.features.append(feats)
-            out.top_p.append(values.half())
-            out.top_ids.append(indices)
-        bar.update(1)
-        bar.set_postfix(tokens=sum(len(i) - l for i, l in zip(out.ids, out.prompt_lens)))
-        elapsed = time.perf_counter() - start
-        if seconds is not None and elapsed * (b + 2) / (b + 1) > seconds:  # the next batch would overrun
-            break
-    bar.close()
-    return out, soft
 
 
 def _batch(rollouts: Rollouts, idx: list[int], layers: tuple[int, ...]):
@@ -165,19 +106,13 @@ def _chain_terms(head: DraftHead, rollouts: Rollouts, idx: list[int], config: Tr
             p = p_full if head.d2t is None else p_full[:, head.d2t]
             top = p_full.argmax(-1)
         else:
-            top_ids = torch.stack([rollouts.top_ids[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())])
+            top_ids = torch.stack([rollouts.top_ids[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())]).long()
             top_p = torch.stack([rollouts.top_p[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())]).float()
             cols = top_ids if t2d is None else t2d[top_ids]
             p = torch.zeros_like(logq).scatter_add_(-1, cols.clamp_min(0), top_p * (cols >= 0))
             top = top_ids[:, 0]
         terms.append((logq, p, top))
     return terms
-
-
-def _full_p(target: LlamaModel, rollouts: Rollouts) -> list[torch.Tensor]:
-    """Held-out: p over the whole vocabulary at every response-predicting position, [R, V] each."""
-    return [torch.softmax(target.lm_head(f[-1][L - 1:].float()), dim=-1)
-            for f, L in zip(rollouts.features, rollouts.prompt_lens)]
 
 
 @torch.no_grad()
@@ -223,50 +158,36 @@ def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config:
 def new_head(kind: str, target: LlamaModel, soft_counts: torch.Tensor, draft_vocab: int) -> DraftHead:
     if kind == "mtp":
         return MTPHead.from_target(target)
-    vocab = target.cfg.vocab_size
-    if draft_vocab == 0 or draft_vocab >= vocab:
+    if draft_vocab == 0 or draft_vocab >= target.cfg.vocab_size:
         return Eagle3Head.from_target(target)
-    d2t = torch.sort(torch.topk(soft_counts, draft_vocab).indices).values  # [N] ascending target ids
-    return Eagle3Head.from_target(target, d2t=d2t)
+    return Eagle3Head.from_target(target, d2t=draft_vocabulary(soft_counts, draft_vocab)[0])
 
 
-def train_head(target_name: str, target_dir, out, config: TrainHeadConfig) -> dict:
-    """Collect rollouts, build and train the head, evaluate it held-out, save it to `out`."""
+def train_head(target_name: str, target_dir, out, config: TrainHeadConfig, rollouts_dir: Path | None = None,
+               command: str = "") -> dict:
+    """Sample (or load) the target's rollouts, build and train the head, evaluate it held-out, save it to
+    `out` (weights in fp16: a draft's precision never touches exactness)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     t0 = time.perf_counter()
     try:
         torch.manual_seed(config.seed)
-        tokenizer = load_tokenizer(target_dir)
-        target = LlamaModel.from_pretrained(target_dir)
-        layers = (MTPHead.hidden_layers if config.kind == "mtp"
-                  else engine_layers(default_aux_layers(target.cfg.num_hidden_layers)))  # what the head reads
-        held, _ = collect_rollouts(target, tokenizer, preset_prompts(target_name, tokenizer, config.held_out_prompts,
-                                                                     config.seed + 1000),
-                                   layers, config, config.seed + 1000, None, "sample held-out")
-        rollouts, soft = collect_rollouts(target, tokenizer, preset_prompts(target_name, tokenizer, config.prompts,
-                                                                            config.seed),
-                                          layers, config, config.seed, config.sample_seconds, "sample rollouts")
-        sampled_at = time.perf_counter()
-        head = new_head(config.kind, target, soft, config.draft_vocab)
-        t2d = None
-        if head.d2t is not None:
-            t2d = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
-            t2d[head.d2t] = torch.arange(len(head.d2t))
-        full_p = _full_p(target, held)
-        before = evaluate(head, held, full_p, config)
-        train_loss, steps = train(head, rollouts, t2d, config)
-        after = evaluate(head, held, full_p, config)
+        samples = sample_target(target_name, target_dir, config.data, config.seed, rollouts_dir)
+        head = new_head(config.kind, samples.target, samples.soft_counts, config.draft_vocab)
+        t2d = None if head.d2t is None else draft_vocabulary(samples.soft_counts, len(head.d2t))[1]
+        full_p = full_distributions(samples.target, samples.held)
+        before = evaluate(head, samples.held, full_p, config)
+        train_loss, steps = train(head, samples.train, t2d, config)
+        after = evaluate(head, samples.held, full_p, config)
     finally:
         torch.set_num_threads(threads)
-    tokens = sum(len(i) - l for i, l in zip(rollouts.ids, rollouts.prompt_lens))
     summary = {
         "target": str(target_dir), "kind": config.kind, "draft_vocab": head.output_vocab_size,
-        "train_rollouts": len(rollouts.ids), "train_tokens": tokens,
-        "held_out_tokens": sum(len(i) - l for i, l in zip(held.ids, held.prompt_lens)),
-        "before": before, "after": after, "train_loss_final": round(train_loss, 4), "train_steps": steps,
-        "sample_seconds": round(sampled_at - t0, 1), "seconds": round(time.perf_counter() - t0, 1),
+        "train_rollouts": len(samples.train), "train_tokens": samples.train.tokens,
+        "held_out_tokens": samples.held.tokens, "before": before, "after": after,
+        "train_loss_final": round(train_loss, 4), "train_steps": steps,
+        "sample_seconds": round(samples.sample_seconds, 1), "seconds": round(time.perf_counter() - t0, 1),
     }
-    save_atomically(out, lambda tmp: (head.save(tmp), tokenizer.save_pretrained(tmp)),
-                    {"config": asdict(config), "summary": summary})
+    save_atomically(out, lambda tmp: (head.save(tmp, dtype=torch.float16), samples.tokenizer.save_pretrained(tmp)),
+                    {"command": command, "config": asdict(config), "summary": summary})
     return {**summary, "out": str(out)}

@@ -17,9 +17,12 @@ merged on top, so any other vLLM key passes straight through. Acceptance rules t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from specrl.backends.base import BackendConfig
+from specrl.models.checkpoint import read_config_json
+from specrl.models.reduced_vocab import SHARED_KEY
 from specrl.models.registry import draft_checkpoint
 from specrl.speculation.proposer_registry import KINDS
 from specrl.validation import check_fields, within
@@ -84,6 +87,11 @@ def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | No
     if kind.checkpoint is not None:
         spec["model"] = str(draft_checkpoint(config.model, config.draft_kind, config.draft))
     if kind.vllm_method == "draft_model":
+        raw = read_config_json(Path(spec["model"]))
+        if raw.get("draft_vocab_size") or raw.get(SHARED_KEY):
+            raise ValueError(f"the draft {spec['model']} has a reduced output vocabulary or shares its target's "
+                             "embedding, which vLLM's draft_model method does not load; use backend=embedded, "
+                             "or a full-vocabulary draft with its own weights")
         spec["draft_sample_method"] = options.draft_sample_method
     spec.update(options.speculative_overrides)
     check_lossless(spec, options.lossy_acceptance)
