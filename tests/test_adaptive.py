@@ -89,3 +89,24 @@ def test_reported_proposer_time_is_modelled_apart_from_verification():
                 for k in range(5)]
         assert rate[controller.choose(batch)] >= 0.98 * max(rate)
         assert abs(controller.draft_times.predict(batch, 3) - draft(batch, 3)) < 1e-4
+
+
+def test_trees_are_chosen_where_they_pay_and_only_at_small_batches():
+    """Verification costs little per extra token at batch 1 (memory-bound) and the first draft is often
+    wrong but a second candidate often right: a width-2 tree beats every chain there. At batch 16 the
+    tree would exceed max_tree_rows and is never tried."""
+    def accepted(batch, k, width):  # P(first accepted) 0.5 chain, 0.8 with two candidates; then 0.8 per draft
+        first = 0.5 if width == 1 else 0.8
+        return [round(batch * first * 0.8 ** i) for i in range(k)]
+    cost = lambda b, k, w: 0.03 + 0.0005 * b * (1 + w * k)  # noqa: E731
+    for batch, want_tree in ((1, True), (16, False)):
+        controller = SpeculationController(max_k=3, max_width=2)
+        chosen = []
+        for _ in range(60):
+            k, width = controller.choose_step(batch)
+            chosen.append((k, width))
+            controller.observe(batch, k, cost(batch, k, width), accepted(batch, k, width), width=width)
+        widths = {w for _, w in chosen[-10:]}
+        assert widths == ({2} if want_tree else {1}), chosen[-10:]
+        if not want_tree:
+            assert all(w == 1 for _, w in chosen)

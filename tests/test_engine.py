@@ -48,7 +48,7 @@ PATHS = pytest.mark.parametrize("fast", [True, False], ids=["fast", "eager"])
 
 
 def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, adaptive: bool = False,
-                fast: bool = True):
+                fast: bool = True, tree_width: int = 1):
     model = LlamaModel.from_pretrained(target_dir, fast_path=fast)
     assert model.fast_path == fast  # the kernel is built (make) and runs on this CPU
     chosen = {
@@ -61,7 +61,8 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
         "mtp": lambda: HeadProposer(perturbed(MTPHead.from_target(model))),
         "hybrid": lambda: HybridProposer(HeadProposer(perturbed(MTPHead.from_target(model))), explore_every=2),
     }[proposer]()
-    return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive))
+    return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive,
+                                                                     fixed_tree_width=tree_width))
 
 
 @PATHS
@@ -303,3 +304,60 @@ def test_every_proposers_q_is_a_distribution_over_the_target_vocabulary(target_d
         if proposal.probs is not None:
             torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(proposal.tokens.shape), atol=1e-5, rtol=0)
             assert (proposal.probs.gather(-1, proposal.tokens.unsqueeze(-1)) > 0).all()
+
+
+TREES = pytest.mark.parametrize("proposer, width", [("eagle3", 2), ("eagle3", 3), ("mtp", 2)])
+
+
+@TREES
+@pytest.mark.parametrize("k", [1, 3])
+def test_tree_speculation_on_equals_off_at_temperature_zero(target_dir, proposer, width, k):
+    """Every step a tree of `width` candidates with k - 1 drafts each; rows accept different branches
+    (or none), and the accepted branch's K/V are moved next to the root: any slip shows in later tokens."""
+    params = SamplingParams(temperature=0, max_tokens=24, n=2)
+    base = make_engine(target_dir).generate(PROMPTS, params)
+    tree = make_engine(target_dir, proposer, k=k, tree_width=width).generate(PROMPTS, params)
+    for a, b in zip(base.completions, tree.completions):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert tree.width_histogram == {width: tree.steps}
+
+
+@TREES
+def test_tree_rollout_logprobs_equal_trainer_logprobs(target_dir, proposer, width):
+    import transformers
+
+    engine = make_engine(target_dir, proposer, tree_width=width)
+    result = engine.generate(PROMPTS, SamplingParams(max_tokens=12, seed=1, ignore_eos=True))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    for prompt, completion in zip(PROMPTS, result.completions):
+        seq = torch.tensor([prompt + completion.token_ids])
+        with torch.no_grad():
+            trainer = hf(seq).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+        trainer = trainer.gather(-1, torch.tensor(completion.token_ids).unsqueeze(1)).squeeze(1)
+        assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-4)
+
+
+@pytest.mark.slow
+@TREES
+def test_tree_samples_follow_the_exact_target_distribution(target_dir, proposer, width):
+    """Chi-square of 6000 two-token samples from the engine drafting trees (k = 2) against the exact
+    joint; false failure odds 1e-4."""
+    prompt, n = [3, 1, 3, 1, 3], 6000
+    exact = exact_two_token_distribution(target_dir, prompt, temperature=1.0)
+    engine = make_engine(target_dir, proposer, k=2, tree_width=width)
+    result = engine.generate([prompt], SamplingParams(n=n, temperature=1.0, max_tokens=2, ignore_eos=True, seed=0))
+    V = int(exact.numel() ** 0.5)
+    pairs = torch.tensor([c.token_ids for c in result.completions])
+    observed = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
+    expected = exact * n
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+    assert result.width_histogram.get(width, 0) > 0 and result.spec.num_drafts > 0
+
+
+def test_a_tree_width_the_proposer_cannot_draft_is_refused(target_dir):
+    with pytest.raises(ValueError, match="fixed_tree_width 2: the ngram proposer drafts trees of width <= 1"):
+        make_engine(target_dir, "ngram", tree_width=2)

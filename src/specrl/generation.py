@@ -33,6 +33,7 @@ class GenerateResult:
     steps: int  # target forward passes after prefill
     k_histogram: dict[int, int] = field(default_factory=dict)  # steps run with each K
     draft_seconds: float = 0.0  # time spent inside the proposer (start, observe, propose)
+    width_histogram: dict[int, int] = field(default_factory=dict)  # speculative steps per width (1 = chain, > 1 tree)
 
     @property
     def num_tokens(self) -> int:

@@ -27,6 +27,10 @@ class BackendConfig:
     hybrid_model: ModelDraftChoice = "eagle3"  # the model-draft half of proposer=hybrid: draft | eagle3 | mtp
     num_speculative_tokens: int = within(3, "[0, inf)", alias="K")  # K, the most drafts verified per step
     adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost
+    # embedded engine, hidden-state heads: trees of up to this many candidate first tokens are among the
+    # adaptive choices (1 = chains only); with adaptive=false every step is a tree of fixed_tree_width
+    max_tree_width: int = within(3, "[1, inf)")
+    fixed_tree_width: int = within(1, "[1, inf)")
     max_model_len: int | None = within(None, "[2, inf)")  # prompt + response cap; None = the model's context
     ngram_max_n: int = within(3, "[1, inf)")  # longest tail the n-gram proposer matches
     # embedded engine: run projections through the fast path, specrl's compiled small-row matmul kernel

@@ -9,8 +9,9 @@ at temperature 1 the mean logprob of the sampled tokens must agree within noise
 
 The step's cost model, for the embedded engine (on its fast path unless `compile` is off):
 
-    verify_cost[k]      T(B, k+1) / T(B, 1): one target pass over k+1 tokens per row, in units of a
-                        decode step, at the bench's batch B and a mid-response context length
+    verify_cost[e]      T(B, e+1) / T(B, 1): one target pass over e+1 tokens per row (e = k drafts of a
+                        chain, or w * k of a fixed tree), in units of a decode step, at the bench's
+                        batch B and a mid-response context length
     bound_speedup       tau * T(B, 1) / (T(B, k+1) + T_draft): what a step with the measured
                         acceptance length tau, this verify cost and the proposer's measured time per
                         step would give (k = the fixed K, else the K run most)
@@ -50,7 +51,8 @@ class RolloutBenchConfig:
     batch: int = within(4, "[1, inf)")  # rows per call: prompts x n
     n: int = within(1, "[1, inf)")  # samples per prompt (a GRPO group; the suffix proposer drafts from siblings)
     k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
-    adaptive: bool = True  # let the engine choose K per step (0 = off)
+    adaptive: bool = True  # let the engine choose K per step (0 = off), and chain or tree
+    tree_width: int = within(1, "[1, inf)")  # with adaptive=False: the tree width of every step (1 = a chain)
     max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
     temperature: float = within(1.0, "[0, inf)")
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
@@ -156,8 +158,9 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     config = dataclasses.replace(config, max_tokens=max_tokens)
     common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive,
                   compile=config.compile)
+    spec_only = dict(fixed_tree_width=config.tree_width) if config.backend == "embedded" else {}
     base = make_backend(BackendConfig(proposer="none", **common))
-    spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common))
+    spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common, **spec_only))
     eager = make_backend(BackendConfig(proposer="none", **{**common, "compile": False})) \
         if config.eager_baseline and config.compile else None
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
@@ -186,10 +189,13 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
 
     stats = SpecStats()
     k_hist: dict[int, int] = {}
+    widths: dict[int, int] = {}
     for result in runs["spec"]:
         stats.merge(result.spec)
         for k, count in result.k_histogram.items():
             k_hist[k] = k_hist.get(k, 0) + count
+        for w, count in result.width_histogram.items():
+            widths[w] = widths.get(w, 0) + count
     base_rate, spec_rate = statistics.median(rates["base"]), statistics.median(rates["spec"])
     hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
     eager_rate = statistics.median(rates["eager"]) if rates["eager"] else None
@@ -204,6 +210,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "tokens_per_s_eager": eager_rate, "fast_vs_eager": base_rate / eager_rate if eager_rate else None,
         "acceptance_length": stats.acceptance_length, "acceptance_rate": stats.acceptance_rate,
         "acceptance_per_pos": stats.acceptance_per_pos, "k_histogram": dict(sorted(k_hist.items())),
+        "tokens_per_verify_step": stats.acceptance_length, "width_histogram": dict(sorted(widths.items())),
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
@@ -220,13 +227,16 @@ def step_cost_model(config: RolloutBenchConfig, base, spec_runs, k_hist: dict, s
     if model is None:
         return {"verify_cost": None, "decode_ms": None, "bound_speedup": None, "achieved_over_bound": None}
     prompt_len = max(len(base.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
-    measured = measure_step_costs(model, config.batch, list(range(1, config.k + 1)), prompt_len + max_tokens // 2)
+    tree_extra = config.k * config.tree_width if not config.adaptive and config.tree_width > 1 else None
+    extras = sorted({*range(1, config.k + 1), *([tree_extra] if tree_extra else [])})
+    measured = measure_step_costs(model, config.batch, extras, prompt_len + max_tokens // 2)
     spec_steps = {k: n for k, n in k_hist.items() if k > 0}
     if not spec_steps:
         return {**measured, "bound_speedup": None, "achieved_over_bound": None}
     k = config.k if not config.adaptive else max(spec_steps, key=spec_steps.get)
     draft_ms = 1000 * sum(r.draft_seconds for r in spec_runs) / sum(spec_steps.values())
     decode = measured["decode_ms"]
-    bound = stats.acceptance_length * decode / (measured["verify_cost"][str(k)] * decode + draft_ms)
+    verify = measured["verify_cost"][str(tree_extra or k)]  # a tree's pass scores 1 + w * k tokens per row
+    bound = stats.acceptance_length * decode / (verify * decode + draft_ms)
     return {**measured, "bound_k": k, "draft_ms_per_step": draft_ms, "bound_speedup": bound,
             "achieved_over_bound": speedup / bound}

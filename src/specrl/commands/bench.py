@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=d.batch, help="rows per call = prompts x n (default: %(default)s)")
     p.add_argument("--n", type=int, default=d.n, help="samples per prompt, a GRPO group (default: %(default)s)")
     p.add_argument("--no-hf", action="store_true", help="skip timing transformers generate")
+    p.add_argument("--tree-width", type=int, default=d.tree_width,
+                   help="with --fixed-k: draft every step as a tree of this many candidate first tokens, each "
+                        "with K-1 drafts (EAGLE-3 / MTP heads; default %(default)s = a chain)")
     p.add_argument("--no-compile", action="store_true",
                    help="run the embedded engine eager (PyTorch/MKL) instead of its fast path")
     p.add_argument("--eager-baseline", action="store_true",
@@ -98,7 +101,8 @@ def run(args) -> dict:
     set_threads(args.threads)
     config = RolloutBenchConfig(
         model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
-        k=args.k, adaptive=not args.fixed_k, max_tokens=args.max_tokens, temperature=args.temperature,
+        k=args.k, adaptive=not args.fixed_k, tree_width=args.tree_width, max_tokens=args.max_tokens,
+        temperature=args.temperature,
         rounds=args.rounds, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
         seed=args.seed,
     )

@@ -1,8 +1,13 @@
-"""Adaptive speculation: choose K (0 = plain decoding) for each step of the live batch.
+"""Adaptive speculation: choose K (0 = plain decoding), and chain or tree, for each step of the live batch.
 
 The choice maximises expected tokens per second:
 
     rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted)
+
+Trees (`speculation.tree`: w candidate first tokens, each with its own chain of k - 1 drafts) are
+options too when the proposer drafts them (`max_width` > 1) and the step stays small (B * (1 + w k)
+<= `max_tree_rows` tokens): the same rate, with tau measured per width and the verify model fed the
+tree's w * k extra tokens per row. `choose_step` returns (k, w); `choose` the chain-only k.
 
 T(B, k), the wall time of a whole step, is the sum of two linear models fitted to every
 step run so far, by least squares with exponential forgetting (recent steps weigh more):
@@ -34,7 +39,7 @@ those exploratory steps.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,19 +54,24 @@ def expected_tokens(k: int, accept_prefix: list[float]) -> float:
     return 1.0 + sum(accept_prefix[:k])
 
 
-def step_features(batch: int, k: int) -> np.ndarray:
-    return np.array([1.0, batch * (k + 1), k, k * batch])
+def step_features(batch: int, k: int, width: int = 1) -> np.ndarray:
+    """A pass over B rows of 1 + e tokens, e = width * k extra (drafted) tokens per row."""
+    e = width * k
+    return np.array([1.0, batch * (e + 1), e, e * batch])
 
 
-def verify_features(max_k: int):
-    """`step_features` plus an indicator for each k in 1..max_k-1."""
-    def features(batch: int, k: int) -> np.ndarray:
-        return np.concatenate([step_features(batch, k), [float(k == j) for j in range(1, max_k)]])
+def verify_features(extras: list[int]):
+    """`step_features` plus an indicator for each extra-token count e in `extras` (the options' e
+    strictly between 0 and the largest)."""
+    def features(batch: int, k: int, width: int = 1) -> np.ndarray:
+        return np.concatenate([step_features(batch, k, width), [float(width * k == e) for e in extras]])
     return features
 
 
-def draft_features(batch: int, k: int) -> np.ndarray:
-    return np.array([k, k * batch])
+def draft_features(batch: int, k: int, width: int = 1) -> np.ndarray:
+    """Proposer passes and rows drafted: a chain is k passes over B rows; a tree one pass over B rows
+    (the candidates) and k - 1 over B * width (the branches)."""
+    return np.array([k, batch + max(k - 1, 0) * batch * width if width > 1 else k * batch])
 
 
 class StepTimeModel:
@@ -73,60 +83,86 @@ class StepTimeModel:
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
 
-    def add(self, batch: int, k: int, seconds: float) -> None:
-        x = self.features(batch, k)
+    def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
+        x = self.features(batch, k, width)
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
 
-    def predict(self, batch: int, k: int) -> float:
+    def predict(self, batch: int, k: int, width: int = 1) -> float:
         scale = np.trace(self.xtx) or 1.0
         theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(len(self.xty)), self.xty)
-        return max(float(self.features(batch, k) @ theta), 0.0)
+        return max(float(self.features(batch, k, width) @ theta), 0.0)
 
 
 @dataclass
 class SpeculationController:
     max_k: int  # largest K tried
-    adaptive: bool = True  # False: always max_k
+    adaptive: bool = True  # False: always max_k (as a chain)
     smoothing: float = 0.1  # weight of the newest step in the acceptance moving averages
     prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
     min_samples: int = 2  # steps with k = 0 and k = max_k per batch range before the model is trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
+    max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
+    fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
+    max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
 
     def __post_init__(self):
-        self.verify_times = StepTimeModel(features=verify_features(self.max_k))
+        self.options = [(k, 1) for k in range(self.max_k + 1)] + \
+            [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
+        extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
+        self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features)
-        self.samples = [Counter() for _ in range(self.max_k + 1)]  # per k: steps per batch range
+        self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
+        self.tree_prefix = {w: list(self.accept_prefix) for w in range(2, max(self.max_width, self.fixed_width) + 1)}
         self.off_streak = 0  # consecutive steps run with k = 0
 
-    def _unexplored(self, k: int, batch: int) -> bool:
-        needed = self.min_samples if k in (0, self.max_k) else 1
-        return self.samples[k][batch.bit_length()] < needed
+    @property
+    def widest(self) -> int:
+        """The widest tree a step may draft (1: chains only)."""
+        return max(self.max_width, self.fixed_width)
+
+    def _unexplored(self, option: tuple[int, int], batch: int) -> bool:
+        needed = self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1
+        return self.samples[option][batch.bit_length()] < needed
+
+    def _allowed(self, option: tuple[int, int], batch: int) -> bool:
+        k, w = option
+        return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
+
+    def choose_step(self, batch: int) -> tuple[int, int]:
+        """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding."""
+        if not self.adaptive or self.max_k == 0:
+            return self.max_k, self.fixed_width
+        allowed = [o for o in self.options if self._allowed(o, batch)]
+        ordered = [(self.max_k, 1), (0, 1)] + [o for o in allowed if o not in ((self.max_k, 1), (0, 1))]
+        for option in ordered:
+            if self._unexplored(option, batch):
+                return option
+        if self.off_streak >= self.refresh_every:
+            return self.max_k, 1
+        return max(allowed, key=lambda o: self.expected(*o) / self.step_seconds(batch, *o))
 
     def choose(self, batch: int) -> int:
-        if not self.adaptive or self.max_k == 0:
-            return self.max_k
-        for k in (self.max_k, 0, *range(1, self.max_k)):
-            if self._unexplored(k, batch):
-                return k
-        if self.off_streak >= self.refresh_every:
-            return self.max_k
-        return max(range(self.max_k + 1),
-                   key=lambda k: expected_tokens(k, self.accept_prefix) / self.step_seconds(batch, k))
+        """The chain K for a step over `batch` rows (a controller without trees)."""
+        return self.choose_step(batch)[0]
 
-    def step_seconds(self, batch: int, k: int) -> float:
-        """Predicted wall time of a step with k drafts over `batch` rows."""
-        return max(self.verify_times.predict(batch, k) + self.draft_times.predict(batch, k), 1e-9)
+    def expected(self, k: int, width: int = 1) -> float:
+        return expected_tokens(k, self.accept_prefix if width == 1 else self.tree_prefix[width])
+
+    def step_seconds(self, batch: int, k: int, width: int = 1) -> float:
+        """Predicted wall time of a step with k drafts (per branch) over `batch` rows."""
+        return max(self.verify_times.predict(batch, k, width) + self.draft_times.predict(batch, k, width), 1e-9)
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
-                draft_seconds: float = 0.0) -> None:
+                draft_seconds: float = 0.0, width: int = 1) -> None:
         """Record one step: its wall time (of which `draft_seconds` inside the proposer) and, per
-        draft position, how many rows accepted it."""
-        self.verify_times.add(batch, k, seconds - draft_seconds)
-        self.draft_times.add(batch, k, draft_seconds)
+        draft position along the accepted path, how many rows accepted it."""
+        self.verify_times.add(batch, k, seconds - draft_seconds, width)
+        self.draft_times.add(batch, k, draft_seconds, width)
         self.off_streak = self.off_streak + 1 if k == 0 else 0
-        self.samples[k][batch.bit_length()] += 1
+        self.samples[(k, width)][batch.bit_length()] += 1
+        prefix = self.accept_prefix if width == 1 else self.tree_prefix[width]
         w = self.smoothing
         for i, count in enumerate(accepted_per_pos):
-            self.accept_prefix[i] = (1 - w) * self.accept_prefix[i] + w * count / batch
+            prefix[i] = (1 - w) * prefix[i] + w * count / batch

@@ -4,11 +4,13 @@ One `generate` call:
     prefill    each distinct prompt once (all but its last token), then its KV rows are
                copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
-    choose k   k = controller.choose(live batch)                (0 = plain decoding)
+    choose k   k, w = controller.choose_step(live batch)        (k = 0 plain decoding; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
-    score      logits = target.forward([last, drafts])           [B, k+1, V]
-               p = sampling_distribution(logits)                 temperature / top-k / top-p
+               (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
+    score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
+               p = sampling_distribution(logits)                 tree attention) temperature / top-k / top-p
     verify     tokens, num_emitted = verify(drafts, q, p)        exact; k = 0 is plain sampling
+               (a tree: verify_tree, then the accepted branch's K/V move next to the root)
     advance    each row's cache and tokens by num_emitted; every emitted token's logprob under p;
                proposer.observe(target hidden states) for heads that read them (EAGLE-3, MTP);
                stop rules
@@ -27,7 +29,8 @@ from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
 from specrl.sampling import SamplingParams, sampling_distribution
-from specrl.speculation.proposer import Proposal, ProposalContext, Proposer
+from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
+from specrl.speculation.tree import TreeShape, verify_tree
 from specrl.speculation.verify import verify
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
@@ -39,6 +42,10 @@ class EngineConfig:
 
     num_speculative_tokens: int = within(3, "[0, inf)", alias="K")  # the most drafts verified per step (0 = never)
     adaptive: bool = True  # choose K per step from the live batch and measured acceptance / cost
+    # most candidate first tokens of a tree draft adaptive K may choose (1 = chains only), where the proposer
+    # drafts trees; with adaptive=False every step is a tree of fixed_tree_width (1 = a chain)
+    max_tree_width: int = within(3, "[1, inf)")
+    fixed_tree_width: int = within(1, "[1, inf)")
     max_model_len: int | None = within(None, "[2, inf)")  # prompt + generation cap; None = the model's context
 
     def __post_init__(self):
@@ -77,6 +84,7 @@ class CallState:
     outputs: list[Completion | None]
     spec: SpecStats = field(default_factory=SpecStats)
     k_histogram: dict[int, int] = field(default_factory=dict)
+    width_histogram: dict[int, int] = field(default_factory=dict)  # speculative steps run with each tree width
     steps: int = 0
     draft_seconds: float = 0.0  # inside the proposer, whole call
     verify_seconds: float | None = None  # the last step's time outside the proposer
@@ -91,7 +99,13 @@ class RolloutEngine:
         self.config = config
         self.version = 0
         max_k = config.num_speculative_tokens if proposer is not None else 0
-        self.controller = SpeculationController(max_k=max_k, adaptive=config.adaptive)
+        widest = proposer.max_width if proposer is not None else 1
+        if not config.adaptive and config.fixed_tree_width > widest:
+            raise ValueError(f"fixed_tree_width {config.fixed_tree_width}: the {proposer.name if proposer else 'absent'} "
+                             f"proposer drafts trees of width <= {widest}")
+        self.controller = SpeculationController(max_k=max_k, adaptive=config.adaptive,
+                                                max_width=min(config.max_tree_width, widest),
+                                                fixed_width=config.fixed_tree_width if max_k else 1)
         self.max_model_len = min(config.max_model_len or model.cfg.max_position_embeddings,
                                  model.cfg.max_position_embeddings)
         self.hidden_layers = proposer.hidden_layers if proposer is not None else ()
@@ -127,14 +141,15 @@ class RolloutEngine:
         while batch.size:
             self._step(batch, call)
         return GenerateResult(call.outputs, call.spec, time.perf_counter() - start, call.steps, call.k_histogram,
-                              call.draft_seconds)
+                              call.draft_seconds, call.width_histogram)
 
     def _prefill(self, prompts: list[list[int]], call: CallState) -> LiveBatch:
         """Run every prompt but its last token through the target once, start the proposer, then
         repeat each prompt's rows n times."""
         P, n = len(prompts), call.params.n
         lengths = torch.tensor([len(p) for p in prompts])
-        width = int(lengths.max()) + call.params.max_tokens + self.controller.max_k + 1
+        # room past the longest row for one step's drafts: k per row as a chain, w * k as a tree
+        width = int(lengths.max()) + call.params.max_tokens + self.controller.max_k * self.controller.widest + 1
         tokens = torch.zeros(P, width, dtype=torch.long)  # [P, S]
         for i, p in enumerate(prompts):
             tokens[i, : len(p)] = torch.tensor(p)
@@ -159,25 +174,33 @@ class RolloutEngine:
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size
         step_start = time.perf_counter()
-        k = self.controller.choose(B)
-        proposal, draft_seconds = self._propose(batch, call, k)
-        probs, logprobs, hidden = self._score(batch, proposal, call.params)
-        emitted, num_emitted = verify(proposal.tokens, proposal.probs, probs, call.generator)
+        k, width = self.controller.choose_step(B)
+        tree = TreeShape(width, k) if width > 1 else None
+        proposal, draft_seconds = self._propose(batch, call, k, width)
+        probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)
+        if tree is None:
+            emitted, num_emitted = verify(proposal.tokens, proposal.probs, probs, call.generator)
+        else:
+            emitted, num_emitted, logprobs, hidden = self._verify_tree(batch, proposal, probs, logprobs, hidden, tree,
+                                                                       call.generator)
         draft_seconds += self._advance(batch, emitted, num_emitted, logprobs, hidden)
         per_pos = [int((num_emitted - 1 > i).sum()) for i in range(k)]
-        call.spec.record(B, k, per_pos)
+        call.spec.record(B, k, per_pos, draft_tokens=B * k * width)
         call.k_histogram[k] = call.k_histogram.get(k, 0) + 1
+        if k:
+            call.width_histogram[width] = call.width_histogram.get(width, 0) + 1
         call.steps += 1
         done, stopped = self._apply_stop_rules(batch, emitted, num_emitted, call)
         step_seconds = time.perf_counter() - step_start
-        self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds)
+        self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width)
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         if done.any():
             self._retire(batch, done, stopped, call)
 
-    def _propose(self, batch: LiveBatch, call: CallState, k: int) -> tuple[Proposal, float]:
-        """k drafts per row from the proposer (an empty [B, 0] proposal for k = 0), and its seconds."""
+    def _propose(self, batch: LiveBatch, call: CallState, k: int, width: int) -> tuple[Proposal | TreeProposal, float]:
+        """k drafts per row from the proposer (an empty [B, 0] proposal for k = 0; a tree of `width`
+        branches for width > 1), and its seconds."""
         if k == 0:
             return Proposal(tokens=batch.tokens[:, :0], probs=None), 0.0
         n = call.params.n
@@ -185,16 +208,39 @@ class RolloutEngine:
                                   self.model.cfg.vocab_size, groups=batch.slots // n,
                                   verify_seconds=call.verify_seconds)
         start = time.perf_counter()
-        proposal = self.proposer.propose(context, k)
+        proposal = self.proposer.propose(context, k) if width == 1 else self.proposer.propose_tree(context, k, width)
         return proposal, time.perf_counter() - start
 
-    def _score(self, batch: LiveBatch, proposal: Proposal, params: SamplingParams):
-        """The target's pass over [last token, drafts] -> (p [B, k+1, V], logprobs [B, k+1, V], hidden states)."""
+    def _score(self, batch: LiveBatch, proposal: Proposal | TreeProposal, params: SamplingParams,
+               tree: TreeShape | None):
+        """The target's pass over [last token, drafts] (a tree's nodes in `TreeShape` order) ->
+        (p [B, T, V], logprobs [B, T, V], hidden states), T = k + 1 or the tree's size."""
         last = batch.tokens[torch.arange(batch.size), batch.num_tokens - 1].unsqueeze(1)  # [B, 1]
-        feed = torch.cat([last, proposal.tokens], dim=1)  # [B, k+1]
-        logits, hidden = self.model.forward(feed, batch.cache, hidden_layers=self.hidden_layers)
+        drafted = proposal.tokens if tree is None else \
+            torch.cat([proposal.candidates.unsqueeze(2), proposal.drafts], dim=2).flatten(1)
+        feed = torch.cat([last, drafted], dim=1)
+        logits, hidden = self.model.forward(feed, batch.cache, hidden_layers=self.hidden_layers, tree=tree)
         probs, logprobs = sampling_distribution(logits, params)
         return probs, logprobs, hidden
+
+    def _verify_tree(self, batch: LiveBatch, proposal: TreeProposal, probs, logprobs, hidden, tree: TreeShape,
+                     generator):
+        """`verify_tree`, then the accepted branch's K/V moved to the slots right after the root, and the
+        logprobs and hidden states taken along the accepted path -> (emitted [B, k+1], num_emitted [B],
+        logprobs [B, k+1, V], hidden {layer: [B, k+1, H]}), as a chain step returns them."""
+        B, w, k = batch.size, tree.width, tree.depth
+        V = probs.shape[-1]
+        emitted, num_emitted, branch = verify_tree(proposal.candidates, proposal.q_first, proposal.drafts,
+                                                   proposal.q_drafts, probs[:, 0], probs[:, 1:].view(B, w, k, V),
+                                                   generator)
+        path = tree.path(branch)  # [B, k+1] node indices
+        lens = batch.cache.lens.unsqueeze(1)
+        batch.cache.move(lens + path[:, 1:], lens + torch.arange(1, k + 1))
+
+        def along(values: torch.Tensor) -> torch.Tensor:
+            return values.gather(1, path.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+
+        return emitted, num_emitted, along(logprobs), {layer: along(h) for layer, h in hidden.items()}
 
     def _advance(self, batch: LiveBatch, emitted: torch.Tensor, num_emitted: torch.Tensor, logprobs: torch.Tensor,
                  hidden: dict) -> float:

@@ -56,6 +56,28 @@ class KVCache:
         self.keys[layer].transpose(1, 2)[rows, positions] = k.transpose(1, 2)
         self.values[layer].transpose(1, 2)[rows, positions] = v.transpose(1, 2)
 
+    def tree_mask(self, ancestors: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Like `attention_mask` for T new tokens forming a tree: token t sees the row's past
+        (keys < lens[b]) and the new tokens s with ancestors[t, s] (ancestors [T, T] bool)."""
+        T = ancestors.shape[0]
+        span = int(self.lens.max()) + T
+        if span > self.max_len:
+            raise ValueError(f"KV cache overflow: need {span} positions, allocated {self.max_len}")
+        key_pos = torch.arange(span).view(1, 1, 1, span)
+        offset = key_pos - self.lens.view(-1, 1, 1, 1)  # [B, 1, 1, S]: key's index among the new tokens
+        inside = (offset >= 0) & (offset < T)
+        allowed = ancestors[torch.arange(T).view(1, 1, T, 1), offset.clamp(0, T - 1)]  # [B, 1, T, S]
+        return (offset < 0) | (inside & allowed), span
+
+    def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """Copy each row's K/V from slots `source` [B, n] to slots `destination` [B, n] in every layer
+        (a tree's accepted branch to the slots right after its root). Reads all before writing."""
+        rows = torch.arange(self.batch).unsqueeze(1)
+        for layer in range(len(self.keys)):
+            for store in (self.keys[layer], self.values[layer]):
+                view = store.transpose(1, 2)  # [B, S, Hkv, D]
+                view[rows, destination] = view[rows, source]
+
     def attention_mask(self, num_new: int) -> tuple[torch.Tensor, int]:
         """Boolean mask [B, 1, T, S] (True = attend) and S, the key span to read.
 

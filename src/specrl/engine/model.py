@@ -226,21 +226,26 @@ class LlamaModel:
         input_ids: torch.Tensor,  # [B, T]
         cache: KVCache,
         hidden_layers: tuple[int, ...] = (),
+        tree=None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Run T new tokens per row after the cache's `lens`; returns logits [B, T, V_out]
         and the residual stream after each layer in `hidden_layers` ([B, T, H]; -1 = final normed).
 
-        The cache's K/V are written; `cache.lens` is left for the caller to advance.
+        The tokens are a chain (token t at position lens + t, attending to everything before it), or,
+        given `tree` (a `speculation.tree.TreeShape`, T = tree.size), a tree: token t sits at position
+        lens + tree.depths[t] and attends to the row's past and its tree ancestors. Either way token t's
+        K/V go to cache slot lens + t; `cache.lens` is left for the caller to advance.
         """
         c = self.cfg
         B, T = input_ids.shape
-        positions = cache.lens.unsqueeze(1) + torch.arange(T).unsqueeze(0)  # [B, T]
+        slots = cache.lens.unsqueeze(1) + torch.arange(T).unsqueeze(0)  # [B, T]
+        positions = slots if tree is None else cache.lens.unsqueeze(1) + tree.depths.unsqueeze(0)
         if int(positions.max()) >= c.max_position_embeddings:
             raise ValueError(f"position {int(positions.max())} exceeds the model's context "
                              f"({c.max_position_embeddings} tokens)")
         cos = self.rope_cos[positions].unsqueeze(1)  # [B, 1, T, D]
         sin = self.rope_sin[positions].unsqueeze(1)
-        mask, span = cache.attention_mask(T)
+        mask, span = cache.attention_mask(T) if tree is None else cache.tree_mask(tree.ancestors)
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         hidden: dict[int, torch.Tensor] = {}
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
@@ -255,7 +260,7 @@ class LlamaModel:
             q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, nq, T, d]
             k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, nkv, T, d]
             v = v.view(B, T, nkv, d).transpose(1, 2)
-            cache.write(i, k, v, positions)
+            cache.write(i, k, v, slots)
             keys, values = cache.keys[i][:, :, :span], cache.values[i][:, :, :span]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nq != nkv)
             x = x + w["o"](attn.transpose(1, 2).reshape(B, T, nq * d))

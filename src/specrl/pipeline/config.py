@@ -115,7 +115,7 @@ PRESETS: dict[str, dict] = {
         "run": {"steps": 20, "run_dir": "runs/smollm2-135m", "checkpoint_every": 5},
         "task": {"name": "chain_sum", "difficulty": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
         "backend": {"model": "smollm2-135m", "proposer": "draft", "num_speculative_tokens": 3},
-        "rollout": {"max_tokens": 96, "prompts_per_step": 4},
+        "rollout": {"max_tokens": 128, "prompts_per_step": 4},
         "grpo": {"group_size": 8},
         "optim": {"lr": 2e-6, "micro_batch_size": 4},
         "draft": {"enabled": False},

@@ -22,20 +22,28 @@ target's hidden states of the positions it just verified:
 
 Drafts are sampled from q = the head's distribution under the call's sampling params
 (argmax at temperature 0, where q is one-hot and omitted).
+
+    propose_tree(context, k, width)
+        element 1's distribution q_1 gives `width` candidate first tokens, drawn without replacement
+        (Gumbel top-w of log q_1, the law of sequential draws without replacement; at temperature 0
+        the top-w of the head's logits, deterministic); each candidate's branch is then drafted like
+        a chain on a copy of the head's cache repeated `width` times, discarded afterwards.
 """
 from __future__ import annotations
 
 import torch
 
 from specrl.engine.kv_cache import KVCache
-from specrl.sampling import SamplingParams
+from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.draft_head import DraftHead
-from specrl.speculation.proposer import CallScopedState, Proposal, ProposalContext, sample_draft_token
+from specrl.speculation.proposer import (CallScopedState, Proposal, ProposalContext, TreeProposal, sample_draft_token,
+                                         to_target_vocab)
 
 
 class HeadProposer(CallScopedState):
-    def __init__(self, head: DraftHead):
+    def __init__(self, head: DraftHead, max_width: int = 3):
         self.head = head
+        self.max_width = max_width
         self.name = head.kind
         self.hidden_layers = head.hidden_layers
         self.cache: KVCache | None = None
@@ -113,3 +121,36 @@ class HeadProposer(CallScopedState):
             tokens.append(token)
             probs.append(q)
         return Proposal(tokens=torch.stack(tokens, 1), probs=None if params.greedy else torch.stack(probs, 1))
+
+    @torch.inference_mode()
+    def propose_tree(self, context: ProposalContext, k: int, width: int) -> TreeProposal:
+        if self.pending:
+            self.catch_up(context.tokens)
+        params, head, V = context.params, self.head, context.vocab_size
+        B = self.feature.shape[0]
+        logits = head.logits(self.feature)  # [B, V_out]
+        if params.greedy:  # deterministic candidates: the head's top-w
+            top = logits.topk(width, dim=-1).indices
+            candidates, q_first = (top if head.d2t is None else head.d2t[top]), None
+        else:
+            q_first, _ = sampling_distribution(logits, params)
+            q_first = to_target_vocab(q_first, head.d2t, V)  # [B, V]
+            u = torch.rand(q_first.shape, generator=context.generator).clamp_min(torch.finfo(torch.float32).tiny)
+            keys = torch.where(q_first > 0, q_first.log() - (-u.log()).log(), float("-inf"))
+            candidates = keys.topk(width, dim=-1).indices  # w draws without replacement, in draw order
+        rows = torch.arange(B).repeat_interleave(width)  # branch copies of each row
+        cache = type(self.cache)(keys=[t.index_select(0, rows) for t in self.cache.keys],
+                                 values=[t.index_select(0, rows) for t in self.cache.values],
+                                 lens=self.cache.lens.index_select(0, rows))
+        cache.grow_to(int(cache.lens.max()) + k)
+        feature, token = self.feature.index_select(0, rows), candidates.reshape(-1)
+        drafts, probs = [], []
+        for _ in range(k - 1):
+            feature = head.forward_cached(feature.unsqueeze(1), token.unsqueeze(1), cache)[:, 0]
+            cache.lens += 1
+            token, q = sample_draft_token(head.logits(feature), head.d2t, V, params, context.generator)
+            drafts.append(token.view(B, width))
+            probs.append(q.view(B, width, V))
+        empty = torch.zeros(B, width, 0, dtype=torch.long)
+        return TreeProposal(candidates, q_first, torch.stack(drafts, 2) if drafts else empty,
+                            None if params.greedy or not probs else torch.stack(probs, 2))

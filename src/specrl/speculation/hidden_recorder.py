@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from specrl.speculation.proposer import CallScopedState
 
-class HiddenStateRecorder:
+
+class HiddenStateRecorder(CallScopedState):
     """A proposer that never proposes: it records the target hidden states the engine hands to
     `observe`, per output slot, so a plain generate() also yields each rollout's features.
 

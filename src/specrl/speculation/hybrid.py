@@ -61,6 +61,7 @@ class AcceptanceEstimate:
 
 class HybridProposer:
     name = "hybrid"
+    max_width = 1  # chains only
 
     def __init__(self, model_part, suffix_part: SuffixProposer | None = None, max_k: int = 8,
                  smoothing: float = 0.1, explore_every: int = 16):

@@ -11,6 +11,8 @@ Lifecycle, driven by the engine for one generate() call:
     select_rows(group)                      the rows are then repeated n times (the GRPO group)
     propose(context, k) -> Proposal         once per speculative step, k >= 1 (not every step:
                                             adaptive K may run steps without speculation)
+    propose_tree(context, k, width)         instead of `propose`, for proposers with max_width > 1:
+        -> TreeProposal                     `width` candidate first tokens, each with k - 1 drafts
     observe(hidden, start, count, tokens)   after every target forward, the prefill included, for
                                             proposers that read the target's hidden states
                                             (`hidden_layers` non-empty; see `head_proposer`)
@@ -34,6 +36,16 @@ from specrl.sampling import SamplingParams, sampling_distribution
 class Proposal:
     tokens: torch.Tensor  # [B, K] long
     probs: torch.Tensor | None  # [B, K, V] draft distribution q, or None for one-hot proposals
+
+
+@dataclass
+class TreeProposal:
+    """w candidate first tokens per row, each followed by its own chain (see `speculation.tree`)."""
+
+    candidates: torch.Tensor  # [B, w] long: drawn without replacement from q_first (or deterministic)
+    q_first: torch.Tensor | None  # [B, V] the distribution the candidates were drawn from; None = deterministic
+    drafts: torch.Tensor  # [B, w, k-1] long: each branch's drafts after its candidate
+    q_drafts: torch.Tensor | None  # [B, w, k-1, V], or None (one-hot)
 
 
 def one_hot_proposal(found: list[list[int]], histories_last: list[int], k: int) -> Proposal:
@@ -82,6 +94,7 @@ class Proposer(Protocol):
     name: str
     # target layers whose hidden states this proposer reads (EAGLE-3 / MTP heads); () for none
     hidden_layers: tuple[int, ...]
+    max_width: int  # most candidate first tokens it drafts as a tree (1 = chains only)
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None: ...
 
@@ -98,7 +111,10 @@ class Proposer(Protocol):
 
 
 class CallScopedState:
-    """`state_dict` / `load_state_dict` of a proposer whose state lives for one generate() call only."""
+    """`state_dict` / `load_state_dict` of a proposer whose state lives for one generate() call only
+    (and a chain-only `max_width`)."""
+
+    max_width = 1
 
     def state_dict(self) -> dict:
         return {}

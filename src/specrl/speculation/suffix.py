@@ -85,6 +85,7 @@ class GroupIndex:
 
 
 class SuffixProposer:
+    max_width = 1  # chains only
     name = "suffix"
     hidden_layers: tuple[int, ...] = ()
 

@@ -17,12 +17,13 @@ class SpecStats:
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
-    def record(self, num_rows: int, k: int, accepted_per_pos: list[int]) -> None:
-        """One verify step over `num_rows` rows with k drafts each (k = 0 records nothing)."""
+    def record(self, num_rows: int, k: int, accepted_per_pos: list[int], draft_tokens: int | None = None) -> None:
+        """One verify step over `num_rows` rows with k drafts each along the path verified (k = 0 records
+        nothing); `draft_tokens` counts every drafted token (a tree's branches), num_rows * k by default."""
         if k == 0:
             return
         self.num_drafts += num_rows
-        self.num_draft_tokens += num_rows * k
+        self.num_draft_tokens += num_rows * k if draft_tokens is None else draft_tokens
         self._add_per_pos(accepted_per_pos)
 
     def merge(self, other: "SpecStats") -> None:
