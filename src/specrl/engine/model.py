@@ -54,7 +54,8 @@ class Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if self.packed is not None:
-            if rows > small_gemm.MAX_ROWS:
+            if rows > small_gemm.MAX_ROWS or (x.requires_grad and torch.is_grad_enabled()):
+                # (the kernel has no backward: a head trained through the target's lm_head needs F.linear)
                 return F.linear(x, self.weight, self.bias)
             y = small_gemm.matmul(x, self.packed, self.weight.shape[0])
         elif rows in self.ROWS_FOR_LINEAR:
