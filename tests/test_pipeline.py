@@ -125,11 +125,6 @@ def test_killed_run_resumes_and_matches_the_uninterrupted_run(tmp_path):
     assert read_rewards(killed) == read_rewards(reference)
 
 
-def test_online_adaptation_of_a_head_is_refused_with_the_fix(tmp_path):
-    with pytest.raises(ValueError, match="not eagle3 heads.*set draft.enabled=false"):
-        SyncTrainer(small_config(tmp_path, "backend.proposer=eagle3"))
-
-
 def test_unknown_config_key_is_named():
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['grpo.gruop_size'\]"):
         load_config("tiny", overrides=["grpo.gruop_size=4"])

@@ -25,6 +25,8 @@ from specrl.pipeline.config import TrainConfig, config_to_dict
 from specrl.pipeline.groups import Group
 from specrl.rl.advantages import group_advantages
 from specrl.rl.draft_adaptation import DraftTrainer
+from specrl.rl.head_adaptation import HeadTrainer
+from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.tasks import make_task
 from specrl.rl.trainer import PolicyTrainer
 from specrl.telemetry.sinks import MetricsSink, truncate_metrics
@@ -51,9 +53,6 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str,
     checkpoint = checkpoint if resume else None
     backend = config.backend
     kind = backend.draft_kind  # draft | eagle3 | mtp | None
-    if kind in ("eagle3", "mtp") and config.draft.enabled:
-        raise ValueError(f"draft.enabled=true: online adaptation covers draft models, not {kind} heads "
-                         f"(they stay as trained); set draft.enabled=false to run with a frozen {kind} head")
     draft = draft_checkpoint(backend.model, kind, backend.draft)
     registered_draft = str(draft) if draft else None
     if checkpoint is None:
@@ -73,9 +72,14 @@ class Learner:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.trainer = PolicyTrainer(policy_dir, config.grpo, config.optim, config.rollout.sampling(), pad)
-        self.draft = None
+        self.draft = None  # DraftTrainer or HeadTrainer
         if config.draft.enabled and draft_dir is not None:
-            self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
+            kind = config.backend.draft_kind
+            if kind in HEAD_KINDS:
+                self.draft = HeadTrainer(draft_dir, kind, self.trainer.model, policy_dir, config.draft,
+                                         config.rollout.sampling())
+            else:
+                self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
         self.task = make_task(config.task)
         self.start_step, self.start_version, self.resumed_pipeline = 0, 0, {}
         if checkpoint is not None:
@@ -116,15 +120,15 @@ class Learner:
         num_tokens = sum(g.num_tokens for g in groups)
         draft_seconds = StageTimer()
 
-        def on_micro_batch(batch, logits):
+        def on_micro_batch(batch, logits, hidden):
             with draft_seconds.stage("draft_training"):
-                self.draft.accumulate(batch, logits, num_tokens)
+                self.draft.accumulate(batch, logits, hidden, num_tokens)
 
         with timer.stage("training"):
             stats = self.trainer.step([g.prompt_ids for g in groups for _ in g.completions],
                                       [c.token_ids for c in completions], [c.logprobs for c in completions],
                                       advantages, on_micro_batch=on_micro_batch if adapt else None,
-                                      decoupled=decoupled)
+                                      decoupled=decoupled, hidden_layers=self.draft.hidden_layers if adapt else ())
         timer.reassign("training", "draft_training", draft_seconds.total.get("draft_training", 0.0))
         if adapt:
             with timer.stage("draft_training"):
@@ -137,7 +141,7 @@ class Learner:
         if step == self.config.run.steps or (every and step % every == 0):
             with self.timer.stage("checkpoint"):
                 save_checkpoint(self.run_dir, step, step, self.trainer.model, self.trainer.optimizer, self.tokenizer,
-                                self.draft.model if self.draft else None, self.draft.optimizer if self.draft else None,
+                                self.draft.save if self.draft else None, self.draft.optimizer if self.draft else None,
                                 pipeline=self.pipeline_state())
 
     def pipeline_state(self) -> dict:

@@ -2,7 +2,7 @@
 
 Layout of `RUN_DIR/checkpoints/step_000020/`:
     policy/            Hugging Face layout (config.json + model.safetensors + tokenizer)
-    draft/             the same, when the run trains a draft
+    draft/             the adapted draft model (Hugging Face layout) or head (its proposer's layout)
     optimizer.safetensors        AdamW moments and step counts, flattened
     draft_optimizer.safetensors  likewise for the draft
     state.json         step, policy version, optimiser param groups, Python RNG state, the pipeline's
@@ -43,8 +43,9 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torc
 
 
 def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, tokenizer,
-                    draft=None, draft_optimizer=None, pipeline: dict | None = None) -> Path:
-    """Write checkpoint `step` atomically; returns its folder. `pipeline` is the pipeline's own state
+                    save_draft=None, draft_optimizer=None, pipeline: dict | None = None) -> Path:
+    """Write checkpoint `step` atomically; returns its folder. `save_draft(folder)` writes the adapted
+    draft model or head in the layout its proposer loads. `pipeline` is the pipeline's own state
     (JSON-ready: the proposer's memory; for async, the buffer, the ledger and the requests), saved
     in state.json under "pipeline"."""
     root = Path(run_dir) / "checkpoints"
@@ -58,8 +59,8 @@ def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, t
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     state = {"step": step, "version": version, "param_groups": groups, "python_rng": _python_rng(),
              "pipeline": pipeline or {}}
-    if draft is not None:
-        draft.save_pretrained(tmp / "draft", safe_serialization=True)
+    if save_draft is not None:
+        save_draft(tmp / "draft")
         draft_tensors, draft_groups = _optimizer_tensors(draft_optimizer)
         save_file(draft_tensors, str(tmp / "draft_optimizer.safetensors"))
         state["draft_param_groups"] = draft_groups

@@ -32,10 +32,12 @@ class DraftAdaptConfig:
 
     SECTION: ClassVar[str] = "draft"
 
-    enabled: bool = True  # train the draft during RL (only for proposers with a draft model)
+    enabled: bool = True  # train the draft model or EAGLE-3/MTP head during RL (proposers draft, eagle3, mtp, hybrid)
     every: int = within(1, "[1, inf)")  # adapt on every N-th step's rollouts
     lr: float = within(3e-4, "(0, inf)")  # the draft's AdamW learning rate
     loss_weight: float = within(1.0, "(0, inf)")  # lambda: scales the draft loss (the seed system uses ~0.1 on a shared optimiser)
+    depth: int = within(3, "[1, inf)")  # heads: chain elements trained per anchor (training-time test)
+    depth_decay: float = within(0.8, "(0, 1]")  # heads: loss weight of depth j is depth_decay^(j-1)
 
     def __post_init__(self):
         check_fields(self)
@@ -56,6 +58,10 @@ def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor, 
 
 
 class DraftTrainer:
+    """A draft model adapted online (see the module docstring); `HeadTrainer` has the same interface."""
+
+    hidden_layers: tuple[int, ...] = ()  # the draft reads no hidden states of the policy
+
     def __init__(self, checkpoint_dir, config: DraftAdaptConfig, temperature: float):
         if load_config(Path(checkpoint_dir)).draft_vocab_size:
             raise ValueError(f"{checkpoint_dir}: online adaptation of reduced-vocabulary drafts is not supported; "
@@ -73,7 +79,11 @@ class DraftTrainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return sync_state_dict(self.model)
 
-    def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, num_tokens: int) -> None:
+    def save(self, out_dir: Path) -> None:
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+
+    def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, hidden: dict[int, torch.Tensor],
+                   num_tokens: int) -> None:
         """Backward one micro-batch's draft loss (normalised by the whole batch's tokens)."""
         draft_logits = self.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
         loss, sums = soft_cross_entropy(draft_logits, policy_logits, batch.loss_mask, self.temperature)

@@ -57,6 +57,24 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float, 
     return F.pad(picked, (0, 1))
 
 
+def capture_hidden(model, layers: tuple[int, ...]):
+    """Forward hooks that record, detached, the residual stream after each engine layer index in
+    `layers` (-1 = the final normed state), the numbering of `LlamaModel.forward`. Returns
+    (the dict they fill, a function that removes them)."""
+    found: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def keep(index):
+        def hook(_module, _inputs, output):
+            found[index] = (output[0] if isinstance(output, tuple) else output).detach()
+        return hook
+
+    for index in layers:
+        module = model.model.norm if index == -1 else model.model.layers[index]
+        handles.append(module.register_forward_hook(keep(index)))
+    return found, lambda: [h.remove() for h in handles]
+
+
 def align_per_token(values: list[list[float]], prompts: list[list[int]], width: int) -> torch.Tensor:
     """Per-response-token values placed where `train_batch`'s loss_mask is 1 -> [B, width]."""
     out = torch.zeros(len(values), width)
@@ -86,10 +104,12 @@ class PolicyTrainer:
         return sync_state_dict(self.model)
 
     def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
-             advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False) -> dict[str, float]:
-        """One optimiser step. `on_micro_batch(batch, logits)` sees each micro-batch's detached
-        policy logits (the draft adaptation trains on them). `decoupled` (a batch with stale
-        tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`)."""
+             advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False,
+             hidden_layers: tuple[int, ...] = ()) -> dict[str, float]:
+        """One optimiser step. `on_micro_batch(batch, logits, hidden)` sees each micro-batch's detached
+        policy logits and the hidden states after the engine layer indices `hidden_layers` (the
+        draft or head adaptation trains on them: no extra forward pass). `decoupled` (a batch with
+        stale tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`)."""
         num_tokens = sum(len(r) for r in responses)
         stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         abs_err, max_err = 0.0, 0.0
@@ -99,7 +119,11 @@ class PolicyTrainer:
             rows = slice(start, start + size)
             batch = train_batch(prompts[rows], responses[rows], self.pad_id)
             behaviour = align_per_token(behaviour_logprobs[rows], prompts[rows], batch.ids.shape[1])
-            logits = response_logits(self.model, batch)
+            hidden, release = capture_hidden(self.model, hidden_layers if on_micro_batch else ())
+            try:
+                logits = response_logits(self.model, batch)
+            finally:
+                release()
             logprobs = token_logprobs(logits, batch.ids, *self._truncation)
             ref = None
             if self.reference is not None:
@@ -117,7 +141,7 @@ class PolicyTrainer:
                 abs_err += float(err.sum())
                 max_err = max(max_err, float(err.max()))
             if on_micro_batch is not None:
-                on_micro_batch(batch, logits.detach())
+                on_micro_batch(batch, logits.detach(), hidden)
         if self.optim.max_grad_norm > 0:
             stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm))
         self.optimizer.step()

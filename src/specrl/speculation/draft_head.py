@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from specrl.models.checkpoint import ModelConfig
+from specrl.models.checkpoint import ModelConfig, check_finite
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel, rope_tables
 from specrl.speculation.head_layer import DraftDecoderLayer
@@ -71,6 +71,37 @@ class DraftHead(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.target.embed)
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """Our parameter name -> the checkpoint's tensor name (per kind)."""
+        raise NotImplementedError
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The tensors `save` writes, under the checkpoint's names: also what a weight sync sends."""
+        own = self.state_dict()
+        return {theirs: own[ours].detach().contiguous() for ours, theirs in self.checkpoint_names().items()}
+
+    def check_checkpoint_state(self, state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+        """Check `state` (checkpoint names, any float dtype) fits this head -> the tensors under our names.
+        A missing tensor, a shape that does not fit, or a NaN/inf value is an error naming `source`."""
+        names = self.checkpoint_names()
+        missing = [theirs for theirs in names.values() if theirs not in state]
+        if missing:
+            raise ValueError(f"{source}: {self.kind} checkpoint is missing tensors {missing}")
+        check_finite({theirs: state[theirs] for theirs in names.values()}, source)
+        own = self.state_dict()
+        for ours, theirs in names.items():
+            if tuple(state[theirs].shape) != tuple(own[ours].shape):
+                raise ValueError(f"{source}: {self.kind} tensor '{theirs}' has shape {tuple(state[theirs].shape)}, "
+                                 f"the head's config needs {tuple(own[ours].shape)}")
+        return {ours: state[theirs] for ours, theirs in names.items()}
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Replace the weights with `state` once `check_checkpoint_state` passes (else nothing is replaced)."""
+        checked, own = self.check_checkpoint_state(state, source), self.state_dict()
+        with torch.no_grad():
+            for name, tensor in checked.items():
+                own[name].copy_(tensor)
 
     def write(self, out_dir: Path, state: dict[str, torch.Tensor], fields: dict,
               dtype: torch.dtype = torch.float32) -> None:

@@ -96,16 +96,45 @@ class Eagle3Head(DraftHead):
         head.d2t = d2t
         return head
 
-    def save(self, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
-        """config.json + model.safetensors in vLLM's EAGLE-3 layout (weights stored as `dtype`)."""
-        c, own = self.cfg, self.state_dict()
-        state = {theirs: own[ours].detach().contiguous() for ours, theirs in _LAYER_NAMES.items()}
+    def checkpoint_names(self) -> dict[str, str]:
+        return _LAYER_NAMES
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """vLLM's EAGLE-3 tensors, with d2t (as offsets) and t2d for a reduced vocabulary."""
+        state = super().checkpoint_state()
         if self.d2t is not None:
             state["d2t"] = (self.d2t - torch.arange(len(self.d2t))).long()
-            t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+            t2d = torch.zeros(self.cfg.vocab_size, dtype=torch.bool)
             t2d[self.d2t] = True
             state["t2d"] = t2d
-        self.write(out_dir, state, {
+        return state
+
+    def _d2t(self, state: dict[str, torch.Tensor], source: str) -> torch.Tensor | None:
+        """The checked draft-to-target id map of a reduced vocabulary (stored as offsets), else None."""
+        cfg = self.cfg
+        if not cfg.draft_vocab_size or cfg.draft_vocab_size == cfg.vocab_size:
+            return None
+        if "d2t" not in state:
+            raise ValueError(f"{source}: draft_vocab_size {cfg.draft_vocab_size} needs a 'd2t' tensor")
+        offsets = state["d2t"]
+        if offsets.is_floating_point() or offsets.dim() != 1 or offsets.numel() != cfg.draft_vocab_size:
+            raise ValueError(f"{source}: d2t must be {cfg.draft_vocab_size} integer offsets, got "
+                             f"{offsets.dtype} of shape {tuple(offsets.shape)}")
+        return check_d2t(offsets.long() + torch.arange(cfg.draft_vocab_size), cfg.draft_vocab_size,
+                         cfg.vocab_size, source)
+
+    def check_checkpoint_state(self, state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+        self._d2t(state, source)
+        return super().check_checkpoint_state(state, source)
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor], source: str) -> None:
+        super().load_checkpoint_state(state, source)
+        self.d2t = self._d2t(state, source)
+
+    def save(self, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+        """config.json + model.safetensors in vLLM's EAGLE-3 layout (weights stored as `dtype`)."""
+        c = self.cfg
+        self.write(out_dir, self.checkpoint_state(), {
             "architectures": [ARCHITECTURE], "draft_vocab_size": c.output_vocab_size,
             "target_hidden_size": c.hidden_size, "tie_word_embeddings": False,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True},
@@ -121,22 +150,5 @@ class Eagle3Head(DraftHead):
             raise ValueError(f"{head_dir}: eagle_aux_hidden_state_layer_ids {list(aux)} must lie in "
                              f"1..{target.cfg.num_hidden_layers} for this target (layer 0, the embeddings, is not supported)")
         head = cls(cfg, target, aux)
-        state = load_state_dict(Path(head_dir))
-        missing = [theirs for theirs in _LAYER_NAMES.values() if theirs not in state]
-        if missing:
-            raise ValueError(f"{head_dir}: EAGLE-3 checkpoint is missing tensors {missing}")
-        ours = {mine: state[theirs] for mine, theirs in _LAYER_NAMES.items()}
-        try:
-            head.load_state_dict(ours, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{head_dir}: EAGLE-3 tensors do not fit its config.json ({err})") from None
-        if cfg.draft_vocab_size and cfg.draft_vocab_size != cfg.vocab_size:
-            if "d2t" not in state:
-                raise ValueError(f"{head_dir}: draft_vocab_size {cfg.draft_vocab_size} needs a 'd2t' tensor")
-            offsets = state["d2t"]
-            if offsets.is_floating_point() or offsets.dim() != 1 or offsets.numel() != cfg.draft_vocab_size:
-                raise ValueError(f"{head_dir}: d2t must be {cfg.draft_vocab_size} integer offsets, got "
-                                 f"{offsets.dtype} of shape {tuple(offsets.shape)}")
-            head.d2t = check_d2t(offsets.long() + torch.arange(cfg.draft_vocab_size), cfg.draft_vocab_size,
-                                 cfg.vocab_size, str(head_dir))
+        head.load_checkpoint_state(load_state_dict(Path(head_dir)), str(head_dir))
         return head

@@ -90,10 +90,12 @@ class MTPHead(DraftHead):
     def _prefix(self) -> str:
         return f"model.layers.{self.target.cfg.num_hidden_layers}."
 
+    def checkpoint_names(self) -> dict[str, str]:
+        return {ours: self._prefix() + theirs for ours, theirs in _NAMES.items()}
+
     def save(self, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
         """config.json + model.safetensors with DeepSeek-V3's MTP names (weights stored as `dtype`)."""
-        own = self.state_dict()
-        self.write(out_dir, {self._prefix() + theirs: own[ours].detach().contiguous() for ours, theirs in _NAMES.items()}, {
+        self.write(out_dir, self.checkpoint_state(), {
             "architectures": [ARCHITECTURE], "num_nextn_predict_layers": 1,
             "target_num_hidden_layers": self.target.cfg.num_hidden_layers, "tie_word_embeddings": True,
         }, dtype)
@@ -102,13 +104,6 @@ class MTPHead(DraftHead):
     def load(cls, head_dir: Path, raw: dict, target: LlamaModel) -> "MTPHead":
         cfg = parse_config(raw, Path(head_dir) / "config.json")
         head = cls(cfg, target)
-        state, prefix = load_state_dict(Path(head_dir)), head._prefix()
-        missing = [prefix + theirs for theirs in _NAMES.values() if prefix + theirs not in state]
-        if missing:
-            raise ValueError(f"{head_dir}: MTP checkpoint is missing tensors {missing} (was it trained for a "
-                             f"target with {target.cfg.num_hidden_layers} layers?)")
-        try:
-            head.load_state_dict({ours: state[prefix + theirs] for ours, theirs in _NAMES.items()}, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{head_dir}: MTP tensors do not fit its config.json ({err})") from None
+        head.load_checkpoint_state(load_state_dict(Path(head_dir)),
+                                   f"{head_dir} (an MTP head for a target with {target.cfg.num_hidden_layers} layers)")
         return head

@@ -90,7 +90,7 @@ class VLLMBackend:
         require_sampling_fix(self.spec_config)
         self.policy_shapes = refit.checkpoint_shapes(self.model_dir)
         self.draft_shapes = None
-        if self.spec_config and self.spec_config.get("method") == "draft_model":
+        if self.spec_config and self.spec_config.get("method") in ("draft_model", "eagle3"):  # refittable drafts
             self.draft_shapes = refit.checkpoint_shapes(self.spec_config["model"])
         self.served_name = f"specrl-vllm-{os.getpid()}-{id(self):x}"
         self.llm = start_engine(str(self.model_dir), self.options, self.spec_config, self.served_name,
@@ -126,7 +126,7 @@ class VLLMBackend:
         refit.check_state(policy, self.policy_shapes, "policy")
         if draft is not None:
             if self.draft_shapes is None:
-                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model")
+                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model or EAGLE-3 head")
             refit.check_state(draft, self.draft_shapes, "draft")
         self._rpc("specrl_reload_policy", refit.pack(refit.with_tied_head(policy)))
         if draft is not None:
