@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "specrl.commands.demo",
     "specrl.commands.train",
+    "specrl.commands.eval",
     "specrl.commands.plot",
     "specrl.commands.bench",
     "specrl.commands.simulate",

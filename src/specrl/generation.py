@@ -34,6 +34,9 @@ class GenerateResult:
     k_histogram: dict[int, int] = field(default_factory=dict)  # steps run with each K
     draft_seconds: float = 0.0  # time spent inside the proposer (start, observe, propose)
     width_histogram: dict[int, int] = field(default_factory=dict)  # speculative steps per width (1 = chain, > 1 tree)
+    # per engine step: (seconds since the call started, live rows, k, tree width); the drain of the batch
+    # (the embedded engine records it; vLLM does not expose it)
+    trace: list[tuple[float, int, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -88,6 +88,8 @@ class CallState:
     steps: int = 0
     draft_seconds: float = 0.0  # inside the proposer, whole call
     verify_seconds: float | None = None  # the last step's time outside the proposer
+    start: float = field(default_factory=time.perf_counter)
+    trace: list[tuple[float, int, int, int]] = field(default_factory=list)  # per step: (seconds in, live rows, k, width)
 
 
 class RolloutEngine:
@@ -141,7 +143,7 @@ class RolloutEngine:
         while batch.size:
             self._step(batch, call)
         return GenerateResult(call.outputs, call.spec, time.perf_counter() - start, call.steps, call.k_histogram,
-                              call.draft_seconds, call.width_histogram)
+                              call.draft_seconds, call.width_histogram, call.trace)
 
     def _prefill(self, prompts: list[list[int]], call: CallState) -> LiveBatch:
         """Run every prompt but its last token through the target once, start the proposer, then
@@ -187,6 +189,7 @@ class RolloutEngine:
         per_pos = [int((num_emitted - 1 > i).sum()) for i in range(k)]
         call.spec.record(B, k, per_pos, draft_tokens=B * k * width)
         call.k_histogram[k] = call.k_histogram.get(k, 0) + 1
+        call.trace.append((round(step_start - call.start, 4), B, k, width))
         if k:
             call.width_histogram[width] = call.width_histogram.get(width, 0) + 1
         call.steps += 1

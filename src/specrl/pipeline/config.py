@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from specrl.backends.base import BackendConfig
+from specrl.pipeline.evaluation import EvalConfig
 from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.trainer import OptimConfig
@@ -90,8 +91,12 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     draft: DraftAdaptConfig = field(default_factory=DraftAdaptConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
+        if self.eval.every and self.pipeline.mode == "async":
+            raise ValueError("eval.every: held-out evaluation during training runs in the sync pipeline; evaluate an "
+                             "async run's checkpoints with `specrl eval RUN_DIR`")
         P, request = self.rollout.prompts_per_step, self.pipeline.prompts_per_request
         if request is not None and (request > P or P % request):
             raise ValueError(f"pipeline.prompts_per_request ({request}) must divide rollout.prompts_per_step ({P})")

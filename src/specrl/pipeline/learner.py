@@ -171,10 +171,31 @@ class Learner:
             "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
             "train": stats, **(extra or {}), "timing": self.timer.lap(),
         }
-        record["step_seconds"] = sum(record["timing"].values())
+        record["step_seconds"] = sum(v for stage, v in record["timing"].items() if stage != "eval")
+        record["tokens_per_s_by_stage"] = {stage: record["rollout_tokens"] / seconds
+                                           for stage, seconds in record["timing"].items() if seconds > 0}
         self.sink.write(step, record)
         self.history.append(record)
         return record
+
+    def _eval_summary(self) -> dict:
+        """The first and last held-out pass@1 of this process's records (with their intervals)."""
+        evals = [r[key] for r in self.history for key in ("eval_start", "eval") if key in r]
+        if not evals:
+            return {}
+        first, last = evals[0], evals[-1]
+        return {"eval_pass@1_first": first["pass@1"], "eval_pass@1_first_ci95": first["pass@1_ci95"],
+                "eval_pass@1_last": last["pass@1"], "eval_pass@1_last_ci95": last["pass@1_ci95"],
+                "eval_versions": [first["policy_version"], last["policy_version"]]}
+
+    def _adaptation_summary(self) -> dict:
+        """The online draft/head adaptation's loss and expected acceptance, first and last adapted step."""
+        adapted = [r["train"] for r in self.history if "draft_loss" in r["train"]]
+        if not adapted:
+            return {}
+        return {"draft_loss_first": adapted[0]["draft_loss"], "draft_loss_last": adapted[-1]["draft_loss"],
+                "draft_expected_acceptance_first": adapted[0]["draft_expected_acceptance"],
+                "draft_expected_acceptance_last": adapted[-1]["draft_expected_acceptance"]}
 
     def summary(self) -> dict:
         rewards = [r["reward_mean"] for r in self.history]
@@ -183,6 +204,7 @@ class Learner:
             "steps": self.config.run.steps, "steps_run": len(self.history), "resumed_from": self.start_step,
             "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
             "reward_last_fifth_mean": statistics.mean(tail) if tail else None,
+            **self._eval_summary(), **self._adaptation_summary(),
             "acceptance_length": self.spec_total.acceptance_length, "acceptance_rate": self.spec_total.acceptance_rate,
             "rollout_tokens_per_s": self.generated_tokens / max(self.generation_seconds, 1e-9),
             "timing": self.timer.total, "seconds": sum(self.timer.total.values()),

@@ -15,6 +15,7 @@ import dataclasses
 
 from specrl.backends import make_backend
 from specrl.pipeline.config import TrainConfig
+from specrl.pipeline.evaluation import check_held_out, evaluate
 from specrl.pipeline.groups import score_groups
 from specrl.tasks import render_prompts
 from specrl.pipeline.learner import Learner, sampling_seed, starting_point
@@ -33,6 +34,17 @@ class SyncTrainer(Learner):
             policy, draft = self.weights()
             self.backend.sync_weights(policy, version=self.start_version, draft=draft)
             self.backend.load_proposer_state(self.resumed_pipeline.get("proposer", {}))
+        if config.eval.every:
+            check_held_out(self.task, config.eval.prompts, config.run.steps * config.rollout.prompts_per_step)
+
+    def evaluate(self) -> dict:
+        """Held-out pass@k of the engine's current policy (timed as `eval`, left out of step_seconds).
+        The same problems and seed every time, so successive evaluations differ only by the policy."""
+        cfg = self.config
+        with self.timer.stage("eval"):
+            result = evaluate(self.backend, self.task, self.tokenizer, cfg.eval, cfg.rollout.max_tokens,
+                              seed=sampling_seed(cfg.run.seed, 0) + 7919)
+        return {"policy_version": self.backend.version, **result}
 
     def pipeline_state(self) -> dict:
         return {"proposer": self.backend.proposer_state()}
@@ -43,6 +55,9 @@ class SyncTrainer(Learner):
         problems, prompts = render_prompts(self.task, self.tokenizer, (step - 1) * P, P)
         params = cfg.rollout.sampling(G, seed=sampling_seed(cfg.run.seed, step))
         version = self.backend.version
+        extra = {}  # eval results; the rollouts' drain (the live batch and k over the call)
+        if cfg.eval.every and step == 1:
+            extra["eval_start"] = self.evaluate()
         with timer.stage("generation"):
             result = self.backend.generate(prompts, params)
         with timer.stage("reward"):
@@ -52,8 +67,11 @@ class SyncTrainer(Learner):
             policy, draft = self.weights()
             self.backend.sync_weights(policy, version=step, draft=draft)
         self.note_rollouts(result.spec, result.num_tokens, result.seconds)
+        extra["drain"] = result.trace
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.run.steps):
+            extra["eval"] = self.evaluate()
         record = self.record(step, groups, stats, result.spec, result.k_histogram,
-                             result.num_tokens / max(result.seconds, 1e-9))
+                             result.num_tokens / max(result.seconds, 1e-9), extra)
         self.checkpoint_if_due(step)  # after the record: a resume from it never lacks this step's record
         return record
 

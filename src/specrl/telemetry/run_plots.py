@@ -56,7 +56,57 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.set_title("stage times per step"), ax.legend(fontsize=8)
     written.append(_save(fig, out_dir / "stage_times.png"))
+    written += _eval_plot(records, out_dir) + _drain_plots(records, out_dir)
     return written
+
+
+def _eval_plot(records: list[dict], out_dir: Path) -> list[Path]:
+    """Held-out pass@1 against the policy version, with its 95% interval."""
+    evals = [r[key] for r in records for key in ("eval_start", "eval") if key in r]
+    if not evals:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = [e["policy_version"] for e in evals]
+    y = [e["pass@1"] for e in evals]
+    low = [e["pass@1"] - e["pass@1_ci95"][0] for e in evals]
+    high = [e["pass@1_ci95"][1] - e["pass@1"] for e in evals]
+    ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3)
+    ax.set_xlabel("policy version (step)"), ax.set_ylabel("pass@1"), ax.grid(alpha=0.3)
+    ax.set_title(f"held-out pass@1 ({evals[0]['problems']} problems, 95% CI)")
+    return [_save(fig, out_dir / "eval.png")]
+
+
+def _drain_plots(records: list[dict], out_dir: Path) -> list[Path]:
+    """The live batch over one generate call (first, middle, last step), k marked; and how often each k
+    ran at each live batch size over the whole run."""
+    traced = [r for r in records if r.get("drain")]
+    if not traced:
+        return []
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    picks = sorted({0, len(traced) // 2, len(traced) - 1})
+    for i in picks:
+        t, live, k = zip(*[(e[0], e[1], e[2]) for e in traced[i]["drain"]])
+        left.step(t, live, where="post", label=f"step {traced[i]['step']}")
+        points = left.scatter(t, live, c=k, cmap="viridis", s=10, vmin=0, vmax=max(1, max(k)))
+    fig.colorbar(points, ax=left, label="k")
+    left.set_xlabel("seconds into generation"), left.set_ylabel("live rows"), left.set_title("the batch drains")
+    left.legend(fontsize=8), left.grid(alpha=0.3)
+    counts: dict[int, dict[int, int]] = {}  # live-batch bucket (power of 2) -> {k: engine steps}
+    for r in traced:
+        for _, live, k, _width in r["drain"]:
+            bucket = live.bit_length() - 1
+            counts.setdefault(bucket, {})[k] = counts.setdefault(bucket, {}).get(k, 0) + 1
+    buckets = sorted(counts)
+    ks = sorted({k for by_k in counts.values() for k in by_k})
+    bottom = [0.0] * len(buckets)
+    for k in ks:
+        share = [counts[b].get(k, 0) / sum(counts[b].values()) for b in buckets]
+        right.bar(range(len(buckets)), share, bottom=bottom, label=f"k={k}")
+        bottom = [x + y for x, y in zip(bottom, share)]
+    right.set_xticks(range(len(buckets)), [f"{2 ** b}-{2 ** (b + 1) - 1}" if b else "1" for b in buckets], fontsize=8)
+    right.set_xlabel("live rows"), right.set_ylabel("share of engine steps"), right.set_title("k chosen against the live batch")
+    right.legend(fontsize=8)
+    return [_save(fig, out_dir / "drain.png")]
 
 
 def _save(fig, path: Path) -> Path:

@@ -7,10 +7,16 @@ from pathlib import Path
 from specrl.atomic import write_text_atomically
 
 
+NOT_SCALARS = {"drain", "data_positions"}  # per-step series kept in metrics.jsonl (for plots), not TensorBoard scalars
+
+
 def flatten(record: dict, prefix: str = "") -> dict[str, float]:
-    """Nested numeric dict -> {"a/b": value}; lists become a/0, a/1, ...; non-numbers are dropped."""
+    """Nested numeric dict -> {"a/b": value}; lists become a/0, a/1, ...; non-numbers and the
+    top-level series in NOT_SCALARS are dropped."""
     out: dict[str, float] = {}
     for key, value in record.items():
+        if not prefix and key in NOT_SCALARS:
+            continue
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(flatten(value, name + "/"))

@@ -1,0 +1,69 @@
+"""`specrl eval MODEL|RUN_DIR`: held-out pass@1 (pass@k with --n) of a model or a run's last checkpoint."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specrl.backends import BackendConfig, make_backend
+from specrl.commands.common import add_threads_flag, progress_bar, set_threads
+from specrl.pipeline.config import PRESETS, load_config
+from specrl.pipeline.evaluation import EvalConfig, evaluate
+from specrl.pipeline.resume import latest_checkpoint
+from specrl.tasks import TaskConfig, make_task
+from specrl.validation import choices
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval", help="held-out pass@1 (and pass@k) of a model or a training run",
+        description="Samples --n responses to each of --prompts held-out problems (the task's last ones, which "
+                    "training never draws) and scores them with the task's verifier. pass@k is the unbiased "
+                    "estimator 1 - C(n-c, k)/C(n, k), averaged over problems, with a 95%% confidence interval over "
+                    "problems. MODEL is a registered name or checkpoint folder (the task and its difficulty come "
+                    "from the model's preset, else --task); RUN_DIR is a specrl run folder (its task, response "
+                    "length and last checkpoint). Ends with one JSON line.")
+    p.add_argument("target", metavar="MODEL|RUN_DIR")
+    p.add_argument("--task", default=None, help="task name (default: the run's task, or the model's preset task)")
+    p.add_argument("--n", type=int, default=1, help="samples per problem; pass@k is reported for k = 1, 2, 4, .. <= n")
+    p.add_argument("--prompts", type=int, default=200, help="held-out problems (default 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1)")
+    p.add_argument("--max-tokens", type=int, default=None, help="response cap (default: the run's or preset's)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--batch", type=int, default=64, help="prompts per generate call (default 64)")
+    p.add_argument("--proposer", choices=choices(BackendConfig, "proposer"), default="none",
+                   help="speculation while evaluating (exact: it changes the speed, not the result's distribution)")
+    add_threads_flag(p)
+    p.set_defaults(func=run)
+
+
+def _target(target: str, task_name: str | None) -> tuple[str, TaskConfig, int, str]:
+    """(policy checkpoint or model name, task config, default max tokens, what was evaluated)."""
+    run_dir = Path(target)
+    if (run_dir / "config.json").is_file() and (run_dir / "checkpoints").is_dir():
+        config = load_config(file=str(run_dir / "config.json"))
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise ValueError(f"{run_dir}: the run has no checkpoint yet")
+        task = config.task if task_name in (None, config.task.name) else TaskConfig(name=task_name)
+        return str(checkpoint / "policy"), task, config.rollout.max_tokens, str(checkpoint)
+    preset = PRESETS.get(target, PRESETS["smollm2-135m"])
+    task = TaskConfig(**preset["task"])
+    if task_name is not None and task_name != task.name:
+        task = TaskConfig(name=task_name)
+    return target, task, preset["rollout"]["max_tokens"], target
+
+
+def run(args) -> dict:
+    threads = set_threads(args.threads)
+    model, task_config, max_tokens, evaluated = _target(args.target, args.task)
+    eval_config = EvalConfig(prompts=args.prompts, n=args.n, temperature=args.temperature, batch=args.batch)
+    task = make_task(task_config)
+    backend = make_backend(BackendConfig(model=model, proposer=args.proposer,
+                                         num_speculative_tokens=0 if args.proposer == "none" else 3))
+    with progress_bar(f"eval {task_config.name}", args.prompts) as update:
+        result = evaluate(backend, task, backend.tokenizer, eval_config, args.max_tokens or max_tokens, args.seed,
+                          progress=lambda done, total: update(done))
+    return {"evaluated": evaluated, "task": task_config.name, "difficulty": json.loads(json.dumps(task_config.difficulty)),
+            "temperature": args.temperature, "max_tokens": args.max_tokens or max_tokens, "proposer": args.proposer,
+            "threads": threads, **result,
+            "tokens_per_s": round(result["tokens"] / max(result["generation_seconds"], 1e-9), 1)}
