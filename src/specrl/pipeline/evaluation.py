@@ -73,9 +73,10 @@ def summarise(correct: list[int], n: int) -> dict:
 
 
 def evaluate(backend, task: Task, tokenizer, config: EvalConfig, max_tokens: int, seed: int,
-             progress=None) -> dict:
+             progress=None, completions: list | None = None) -> dict:
     """Sample `config.n` responses to each held-out problem with `backend` and score them with the
-    task's verifier -> `summarise(...)` plus the tokens and seconds it took. `progress(done, total)`."""
+    task's verifier -> `summarise(...)` plus the tokens and seconds it took. `progress(done, total)`;
+    the completions are appended to `completions` when given."""
     indices = held_out_indices(task, config.prompts)
     params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=max_tokens, seed=seed)
     correct, tokens, seconds = [], 0, 0.0
@@ -83,6 +84,8 @@ def evaluate(backend, task: Task, tokenizer, config: EvalConfig, max_tokens: int
         problems = [task[i] for i in indices[start:start + config.batch]]
         result = backend.generate([task.render(p, tokenizer) for p in problems], params)
         tokens, seconds = tokens + result.num_tokens, seconds + result.seconds
+        if completions is not None:
+            completions.extend(result.completions)
         for j, problem in enumerate(problems):
             samples = result.completions[j * config.n:(j + 1) * config.n]
             correct.append(sum(int(task.reward(c.text, problem) > 0) for c in samples))

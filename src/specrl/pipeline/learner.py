@@ -73,6 +73,7 @@ class Learner:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.trainer = PolicyTrainer(policy_dir, config.grpo, config.optim, config.rollout.sampling(), pad)
         self.draft = None  # DraftTrainer or HeadTrainer
+        self.frozen_head = None  # the starting head, for comparison (loaded at the first evaluation)
         if config.draft.enabled and draft_dir is not None:
             kind = config.backend.draft_kind
             if kind in HEAD_KINDS:
@@ -105,6 +106,27 @@ class Learner:
             shutil.rmtree(self.run_dir / "checkpoints")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+    def head_acceptance(self, completions: list) -> dict:
+        """When a head adapts online: per depth, the expected acceptance sum_x min(p, q) of the adapted
+        head and of the head the run started from (frozen), against the current policy on `completions`
+        (held-out rollouts), and the acceptance length each implies (1 + a1 + a1 a2 + ...)."""
+        if not isinstance(self.draft, HeadTrainer) or not completions:
+            return {}
+        if self.frozen_head is None:
+            self.frozen_head = HeadTrainer(self.draft_dir, self.config.backend.draft_kind, self.trainer.model,
+                                           self.policy_dir, self.config.draft, self.config.rollout.sampling())
+        out = {}
+        for name, head in (("adapted", self.draft), ("frozen", self.frozen_head)):
+            per_depth = self.trainer.head_acceptance(head, [c.prompt_ids for c in completions],
+                                                     [c.token_ids for c in completions])
+            length, prefix = 1.0, 1.0
+            for a in per_depth:
+                prefix *= a
+                length += prefix
+            out[f"head_acceptance_{name}"] = [round(a, 4) for a in per_depth]
+            out[f"head_acceptance_length_{name}"] = round(length, 4)
+        return out
 
     def weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
         """(policy, draft or None) state dicts under Hugging Face names, for weight sync."""

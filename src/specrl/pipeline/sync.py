@@ -41,9 +41,11 @@ class SyncTrainer(Learner):
         """Held-out pass@k of the engine's current policy (timed as `eval`, left out of step_seconds).
         The same problems and seed every time, so successive evaluations differ only by the policy."""
         cfg = self.config
+        completions = []
         with self.timer.stage("eval"):
             result = evaluate(self.backend, self.task, self.tokenizer, cfg.eval, cfg.rollout.max_tokens,
-                              seed=sampling_seed(cfg.run.seed, 0) + 7919)
+                              seed=sampling_seed(cfg.run.seed, 0) + 7919, completions=completions)
+            result.update(self.head_acceptance(completions))
         return {"policy_version": self.backend.version, **result}
 
     def pipeline_state(self) -> dict:

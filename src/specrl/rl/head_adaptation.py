@@ -107,9 +107,9 @@ class HeadTrainer:
 
     @torch.no_grad()
     def expected_acceptance(self, batch: TrainBatch, policy_logits: torch.Tensor,
-                            hidden: dict[int, torch.Tensor]) -> list[float]:
-        """Per depth, the mean of sum_x min(p, q) over the rows that count (no update)."""
-        return [float(torch.minimum(p, logq.exp()).sum(-1).mean())
+                            hidden: dict[int, torch.Tensor]) -> list[tuple[float, int]]:
+        """Per depth, (the mean of sum_x min(p, q) over the rows that count, their number); no update."""
+        return [(float(torch.minimum(p, logq.exp()).sum(-1).mean()) if len(p) else 0.0, len(p))
                 for logq, p in self._chain_terms(batch, policy_logits, hidden)]
 
     def step(self) -> dict[str, float]:

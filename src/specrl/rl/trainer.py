@@ -103,6 +103,22 @@ class PolicyTrainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return sync_state_dict(self.model)
 
+    @torch.no_grad()
+    def head_acceptance(self, head, prompts: list[list[int]], responses: list[list[int]]) -> list[float]:
+        """Per depth, `head`'s expected acceptance against this policy on these sequences (no update)."""
+        totals = None
+        size = self.optim.micro_batch_size
+        for start in range(0, len(prompts), size):
+            batch = train_batch(prompts[start:start + size], responses[start:start + size], self.pad_id)
+            hidden, release = capture_hidden(self.model, head.hidden_layers)
+            try:
+                logits = response_logits(self.model, batch)
+            finally:
+                release()
+            part = [(a * n, n) for a, n in head.expected_acceptance(batch, logits, hidden)]
+            totals = part if totals is None else [(x + a, m + n) for (x, m), (a, n) in zip(totals, part)]
+        return [x / max(n, 1) for x, n in totals or []]
+
     def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
              advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False,
              hidden_layers: tuple[int, ...] = ()) -> dict[str, float]:

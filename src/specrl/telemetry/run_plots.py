@@ -65,7 +65,9 @@ def _eval_plot(records: list[dict], out_dir: Path) -> list[Path]:
     evals = [r[key] for r in records for key in ("eval_start", "eval") if key in r]
     if not evals:
         return []
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    heads = "head_acceptance_adapted" in evals[0]
+    fig, axes = plt.subplots(1, 2 if heads else 1, figsize=(11 if heads else 6, 3.5), squeeze=False)
+    ax = axes[0][0]
     x = [e["policy_version"] for e in evals]
     y = [e["pass@1"] for e in evals]
     low = [e["pass@1"] - e["pass@1_ci95"][0] for e in evals]
@@ -73,6 +75,16 @@ def _eval_plot(records: list[dict], out_dir: Path) -> list[Path]:
     ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3)
     ax.set_xlabel("policy version (step)"), ax.set_ylabel("pass@1"), ax.grid(alpha=0.3)
     ax.set_title(f"held-out pass@1 ({evals[0]['problems']} problems, 95% CI)")
+    if heads:  # expected acceptance per draft position on the held-out rollouts: adapted vs frozen head
+        right = axes[0][1]
+        for depth in range(len(evals[0]["head_acceptance_adapted"])):
+            line, = right.plot(x, [e["head_acceptance_adapted"][depth] for e in evals], marker="o",
+                               label=f"position {depth} adapted")
+            right.plot(x, [e["head_acceptance_frozen"][depth] for e in evals], marker="x", ls="--",
+                       color=line.get_color(), label=f"position {depth} frozen")
+        right.set_xlabel("policy version (step)"), right.set_ylabel("expected acceptance")
+        right.set_title("head acceptance per position: adapted vs frozen"), right.grid(alpha=0.3)
+        right.legend(fontsize=7)
     return [_save(fig, out_dir / "eval.png")]
 
 
