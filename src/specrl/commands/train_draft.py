@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
     given = {field: getattr(args, option) for field, option in (
         ("draft_vocab", "draft_vocab"), ("train_seconds", "train_seconds"), ("steps", "steps"), ("lr", "lr"),
         ("micro_batch", "micro_batch")) if getattr(args, option) is not None}
-    command = shlex.join(["specrl", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("specrl") else ""
+    command = shlex.join(["specrl", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("specrl", "specrl/cli.py")) else ""
     common = dict(seed=args.seed, threads=args.threads, data=data, **given)
     if args.kind == "draft":
         from specrl.training.draft_distillation import TrainDraftConfig, train_draft
