@@ -89,7 +89,16 @@ def test_missing_shard_is_named(tmp_path):
         resolve_checkpoint(str(path))
 
 
-def test_missing_smollm2_draft_says_which_command_makes_it(monkeypatch, tmp_path):
+def test_missing_smollm2_mtp_head_says_which_command_makes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECRL_CACHE", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="specrl train-draft --target smollm2-135m"):
-        resolve_checkpoint("smollm2-135m-draft")
+    with pytest.raises(FileNotFoundError, match="specrl train-draft --target smollm2-135m --kind mtp"):
+        resolve_checkpoint("smollm2-135m-mtp")
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-eagle3", "smollm2-135m-draft"])
+def test_smollm2_drafts_ship_in_the_package_with_the_command_that_made_them(monkeypatch, tmp_path, name):
+    monkeypatch.setenv("SPECRL_CACHE", str(tmp_path))  # an empty cache: nothing trained on this machine
+    folder = resolve_checkpoint(name)
+    assert folder.parent.name == "assets"
+    recipe = json.loads((folder / "specrl_train.json").read_text())
+    assert recipe["command"].startswith(f"specrl train-draft --kind {name.rsplit('-', 1)[1]} --target smollm2-135m")
