@@ -47,7 +47,7 @@ def test_vllm_drafts_with_the_saved_head_like_the_embedded_engine(target, tmp_pa
     torch.manual_seed(1)
     with torch.no_grad():
         for p in head.layer.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(0.01 * torch.randn_like(p))
     head.save(tmp_path / "moved")
     moved = make_backend(BackendConfig(adaptive=False, **dict(common, draft=str(tmp_path / "moved")))).generate(
         PROMPTS, GREEDY)

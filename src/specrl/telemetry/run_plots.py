@@ -96,10 +96,11 @@ def _drain_plots(records: list[dict], out_dir: Path) -> list[Path]:
         return []
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     picks = sorted({0, len(traced) // 2, len(traced) - 1})
+    k_max = max(1, max(e[2] for i in picks for e in traced[i]["drain"]))
     for i in picks:
         t, live, k = zip(*[(e[0], e[1], e[2]) for e in traced[i]["drain"]])
         left.step(t, live, where="post", label=f"step {traced[i]['step']}")
-        points = left.scatter(t, live, c=k, cmap="viridis", s=10, vmin=0, vmax=max(1, max(k)))
+        points = left.scatter(t, live, c=k, cmap="viridis", s=10, vmin=0, vmax=k_max)
     fig.colorbar(points, ax=left, label="k")
     left.set_xlabel("seconds into generation"), left.set_ylabel("live rows"), left.set_title("the batch drains")
     left.legend(fontsize=8), left.grid(alpha=0.3)
