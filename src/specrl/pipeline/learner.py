@@ -109,8 +109,9 @@ class Learner:
 
     def head_acceptance(self, completions: list) -> dict:
         """When a head adapts online: per depth, the expected acceptance sum_x min(p, q) of the adapted
-        head and of the head the run started from (frozen), against the current policy on `completions`
-        (held-out rollouts), and the acceptance length each implies (1 + a1 + a1 a2 + ...)."""
+        head and of the head this process started from (frozen: the registered head on a fresh run, the
+        checkpoint's on a resume), against the current policy on `completions` (held-out rollouts), and
+        the acceptance length each implies (1 + a1 + a1 a2 + ...)."""
         if not isinstance(self.draft, HeadTrainer) or not completions:
             return {}
         if self.frozen_head is None:
