@@ -122,6 +122,19 @@ def exact_two_token_distribution(target_dir, prompt: list[int], temperature: flo
 
 
 @pytest.mark.slow
+def two_token_pvalue(result, exact: torch.Tensor) -> float:
+    """Chi-square p-value of the completions' two-token pairs against the exact joint [V*V]; cells
+    with small expectation are pooled so the chi-square approximation holds."""
+    V = int(exact.numel() ** 0.5)
+    pairs = torch.tensor([c.token_ids for c in result.completions])
+    observed = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
+    expected = exact * len(pairs)
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
 @pytest.mark.parametrize("proposer, fast", [("draft", True), ("ngram", True), ("suffix", True), ("eagle3", True),
                                             ("mtp", True), ("hybrid", True), ("draft", False), ("ngram", False)],
                          ids=["draft", "ngram", "suffix", "eagle3", "mtp", "hybrid", "draft-eager", "ngram-eager"])
@@ -131,15 +144,7 @@ def test_speculative_samples_follow_the_exact_target_distribution(target_dir, dr
     exact = exact_two_token_distribution(target_dir, prompt, temperature=1.0)
     engine = make_engine(target_dir, proposer, draft_dir, k=3, fast=fast)
     result = engine.generate([prompt], SamplingParams(n=n, temperature=1.0, max_tokens=2, ignore_eos=True, seed=0))
-    V = int(exact.numel() ** 0.5)
-    pairs = torch.tensor([c.token_ids for c in result.completions])
-    observed = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
-    expected = exact * n
-    # pool cells with small expectation so the chi-square approximation holds
-    big = expected >= 5
-    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
-    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
-    assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+    assert two_token_pvalue(result, exact) > 1e-4
     assert result.spec.num_drafts > 0
 
 
@@ -347,14 +352,7 @@ def test_tree_samples_follow_the_exact_target_distribution(target_dir, proposer,
     exact = exact_two_token_distribution(target_dir, prompt, temperature=1.0)
     engine = make_engine(target_dir, proposer, k=2, tree_width=width)
     result = engine.generate([prompt], SamplingParams(n=n, temperature=1.0, max_tokens=2, ignore_eos=True, seed=0))
-    V = int(exact.numel() ** 0.5)
-    pairs = torch.tensor([c.token_ids for c in result.completions])
-    observed = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
-    expected = exact * n
-    big = expected >= 5
-    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
-    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
-    assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+    assert two_token_pvalue(result, exact) > 1e-4
     assert result.width_histogram.get(width, 0) > 0 and result.spec.num_drafts > 0
 
 
