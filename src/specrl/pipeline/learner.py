@@ -9,7 +9,9 @@ the learner turns a batch of groups into one optimiser step and one metrics reco
 """
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import shutil
 import statistics
 from collections import Counter
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specrl.atomic import write_text_atomically
+from specrl.engine.adaptive import expected_tokens
 from specrl.models.checkpoint import load_tokenizer
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
@@ -121,12 +124,9 @@ class Learner:
         for name, head in (("adapted", self.draft), ("frozen", self.frozen_head)):
             per_depth = self.trainer.head_acceptance(head, [c.prompt_ids for c in completions],
                                                      [c.token_ids for c in completions])
-            length, prefix = 1.0, 1.0
-            for a in per_depth:
-                prefix *= a
-                length += prefix
+            prefix = list(itertools.accumulate(per_depth, operator.mul))  # P(drafts 1..j all accepted)
             out[f"head_acceptance_{name}"] = [round(a, 4) for a in per_depth]
-            out[f"head_acceptance_length_{name}"] = round(length, 4)
+            out[f"head_acceptance_length_{name}"] = round(expected_tokens(len(prefix), prefix), 4)
         return out
 
     def weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
