@@ -33,7 +33,9 @@ in a few steps, and one noisy step cannot decide for good. While speculation is 
 acceptance estimate cannot move, so every `refresh_every`-th step in a row with k = 0
 runs k = max_k once: a draft that got better (or siblings that now agree) is noticed,
 at a worst-case cost of one step in `refresh_every`. Because
-k = 0 is always a candidate, speculation is switched off wherever it does not pay: a
+k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
+than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
+costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
 slow or rarely accepted draft cannot make a rollout slower than plain decoding, beyond
 those exploratory steps.
 """
@@ -105,6 +107,7 @@ class SpeculationController:
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
+    min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
 
     def __post_init__(self):
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
@@ -141,7 +144,9 @@ class SpeculationController:
                 return option
         if self.off_streak >= self.refresh_every:
             return self.max_k, 1
-        return max(allowed, key=lambda o: self.expected(*o) / self.step_seconds(batch, *o))
+        rate = {o: self.expected(*o) / self.step_seconds(batch, *o) for o in allowed}
+        best = max(allowed, key=rate.get)
+        return best if rate[best] >= self.min_gain * rate[(0, 1)] else (0, 1)
 
     def choose(self, batch: int) -> int:
         """The chain K for a step over `batch` rows (a controller without trees)."""

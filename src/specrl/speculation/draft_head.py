@@ -26,7 +26,7 @@ from torch import nn
 from specrl.models.checkpoint import ModelConfig, check_finite
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel, rope_tables
-from specrl.speculation.head_layer import DraftDecoderLayer
+from specrl.speculation.head_layer import DraftDecoderLayer, HeadLinear
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -68,6 +68,12 @@ class DraftHead(nn.Module):
     @property
     def output_vocab_size(self) -> int:
         return self.cfg.output_vocab_size
+
+    def use_fast_path(self, on: bool) -> None:
+        """Draft with specrl's small-row kernel (as the target does when `on`; see HeadLinear)."""
+        for module in self.modules():
+            if isinstance(module, HeadLinear):
+                module.fast = on
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.target.embed)

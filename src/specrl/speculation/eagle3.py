@@ -20,12 +20,11 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from specrl.models.checkpoint import ModelConfig, check_d2t, load_state_dict, parse_config
 from specrl.engine.model import LlamaModel
 from specrl.speculation.draft_head import DraftHead, default_aux_layers
-from specrl.speculation.head_layer import RMSNorm
+from specrl.speculation.head_layer import HeadLinear, RMSNorm
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 _LAYER_NAMES = {  # our parameter name -> vLLM's midlayer.* name
@@ -58,11 +57,11 @@ class Eagle3Head(DraftHead):
         H = cfg.hidden_size
         self.aux_layers = tuple(aux_layers)  # vLLM numbering
         self.hidden_layers = engine_layers(self.aux_layers)
-        self.fc = nn.Linear(len(self.aux_layers) * H, H, bias=False)
+        self.fc = HeadLinear(len(self.aux_layers) * H, H, bias=False)
         self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(H, cfg.output_vocab_size, bias=False)
+        self.lm_head = HeadLinear(H, cfg.output_vocab_size, bias=False)
 
     def fuse(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         return self.fc(torch.cat([hidden[j - 1] for j in self.aux_layers], dim=-1))

@@ -26,6 +26,7 @@ from torch import nn
 
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import apply_rope, rms_norm
+from specrl.kernels import small_gemm
 
 
 class RMSNorm(nn.Module):
@@ -36,6 +37,25 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+
+class HeadLinear(nn.Linear):
+    """nn.Linear that, when drafting on the fast path, applies its weight with specrl's small-row
+    kernel as the target's projections do: a head drafts B (or B x width) rows per pass, exactly
+    where MKL's small-row cliff costs ~2x. Training (autograd on) and passes of more than
+    `small_gemm.MAX_ROWS` rows use F.linear. The packed copy is rebuilt whenever the weight
+    changed: an optimizer step or a sync's copy_ bumps the tensor's version."""
+
+    fast = False  # set by DraftHead.use_fast_path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fast or torch.is_grad_enabled() or x.numel() // x.shape[-1] > small_gemm.MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_packed_key", None) != key:
+            self._packed, self._packed_key = small_gemm.pack(self.weight.detach()), key
+        y = small_gemm.matmul(x, self._packed, self.out_features)
+        return y if self.bias is None else y + self.bias
 
 
 def chain_mask(seq_len: int, depth: int) -> torch.Tensor:
@@ -65,14 +85,14 @@ class DraftDecoderLayer(nn.Module):
                  intermediate: int, eps: float):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(in_features, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(in_features, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(in_features, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_proj = HeadLinear(in_features, heads * head_dim, bias=False)
+        self.k_proj = HeadLinear(in_features, kv_heads * head_dim, bias=False)
+        self.v_proj = HeadLinear(in_features, kv_heads * head_dim, bias=False)
+        self.o_proj = HeadLinear(heads * head_dim, hidden, bias=False)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = HeadLinear(hidden, intermediate, bias=False)
+        self.up_proj = HeadLinear(hidden, intermediate, bias=False)
+        self.down_proj = HeadLinear(intermediate, hidden, bias=False)
 
     @torch.no_grad()
     def copy_from(self, w: dict[str, torch.Tensor], column: int = 0) -> None:

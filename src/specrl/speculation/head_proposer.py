@@ -43,6 +43,7 @@ from specrl.speculation.proposer import (CallScopedState, Proposal, ProposalCont
 class HeadProposer(CallScopedState):
     def __init__(self, head: DraftHead, max_width: int = 3):
         self.head = head
+        head.use_fast_path(head.target.fast_path)
         self.max_width = max_width
         self.name = head.kind
         self.hidden_layers = head.hidden_layers
@@ -132,12 +133,14 @@ class HeadProposer(CallScopedState):
         if params.greedy:  # deterministic candidates: the head's top-w
             top = logits.topk(width, dim=-1).indices
             candidates, q_first = (top if head.d2t is None else head.d2t[top]), None
-        else:
-            q_first, _ = sampling_distribution(logits, params)
-            q_first = to_target_vocab(q_first, head.d2t, V)  # [B, V]
-            u = torch.rand(q_first.shape, generator=context.generator).clamp_min(torch.finfo(torch.float32).tiny)
-            keys = torch.where(q_first > 0, q_first.log() - (-u.log()).log(), float("-inf"))
+        else:  # drawn in the head's V_out ids, then mapped (d2t is one to one: the same law, fewer ids)
+            q_out, _ = sampling_distribution(logits, params)  # [B, V_out]
+            u = torch.rand(q_out.shape, generator=context.generator).clamp_min(torch.finfo(torch.float32).tiny)
+            keys = torch.where(q_out > 0, q_out.log() - (-u.log()).log(), float("-inf"))
             candidates = keys.topk(width, dim=-1).indices  # w draws without replacement, in draw order
+            if head.d2t is not None:
+                candidates = head.d2t[candidates]
+            q_first = to_target_vocab(q_out, head.d2t, V)  # [B, V]
         rows = torch.arange(B).repeat_interleave(width)  # branch copies of each row
         cache = type(self.cache)(keys=[t.index_select(0, rows) for t in self.cache.keys],
                                  values=[t.index_select(0, rows) for t in self.cache.values],

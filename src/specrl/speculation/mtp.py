@@ -23,12 +23,11 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from specrl.models.checkpoint import ModelConfig, load_state_dict, parse_config
 from specrl.engine.model import LlamaModel
 from specrl.speculation.draft_head import DraftHead
-from specrl.speculation.head_layer import RMSNorm
+from specrl.speculation.head_layer import HeadLinear, RMSNorm
 
 ARCHITECTURE = "SpecrlLlamaMTP"
 _NAMES = {  # our parameter name -> DeepSeek-V3 name after the `model.layers.{L}.` prefix
@@ -57,7 +56,7 @@ class MTPHead(DraftHead):
         H = cfg.hidden_size
         self.enorm = RMSNorm(H, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(H, cfg.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * H, H, bias=False)
+        self.eh_proj = HeadLinear(2 * H, H, bias=False)
         self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.shared_head_norm = RMSNorm(H, cfg.rms_norm_eps)
 
