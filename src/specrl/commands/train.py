@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specrl.backends.base import BackendConfig
 from specrl.commands.common import console, set_threads
-from specrl.pipeline.config import PRESETS, PipelineConfig, TrainConfig, load_config
+from specrl.pipeline.config import PRESETS, PipelineConfig, RunConfig, TrainConfig, load_config
 from specrl.validation import choices
 
 
@@ -25,7 +25,13 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=choices(BackendConfig, "backend"), default=None,
                    help="shorthand for backend.backend=...")
     p.add_argument("--pipeline", choices=choices(PipelineConfig, "mode"), default=None, help="shorthand for pipeline.mode=...")
-    p.add_argument("--ray-address", default=None, help="async: join this Ray cluster (default: a local Ray)")
+    p.add_argument("--ray-address", default=None,
+                   help="async, or several trainer ranks: join this Ray cluster (default: a local Ray)")
+    p.add_argument("--trainer-ranks", type=int, default=None, metavar="N",
+                   help="shorthand for run.trainer_ranks=N: the policy trainer as N FSDP2 ranks on Ray "
+                        "(gloo on CPU, NCCL on CUDA), each training on 1/N of the batch")
+    p.add_argument("--device", choices=choices(RunConfig, "device"), default=None,
+                   help="shorthand for run.device=...: where the policy trainer runs (cuda without CUDA is an error)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue a killed run from its last checkpoint (uses the run's saved config)")
     p.set_defaults(func=run)
@@ -39,6 +45,10 @@ def build_config(args) -> TrainConfig:
         overrides.append(f"backend.backend={args.backend}")
     if getattr(args, "pipeline", None):
         overrides.append(f"pipeline.mode={args.pipeline}")
+    if getattr(args, "trainer_ranks", None) is not None:
+        overrides.append(f"run.trainer_ranks={args.trainer_ranks}")
+    if getattr(args, "device", None):
+        overrides.append(f"run.device={args.device}")
     if getattr(args, "ray_address", None):
         overrides.append(f"pipeline.ray_address={args.ray_address}")
     if args.resume:

@@ -71,7 +71,7 @@ class RolloutWorker:
         sys.stdout = sys.stderr  # the driver's stdout ends with its one JSON line; Ray forwards ours there
         torch.set_num_threads(threads)
         self.config, self.board = config, board
-        self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir))
+        self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir), config.vllm)
         self.backend.version = version
         self.backend.load_proposer_state(proposer_state or {})
         self.snapshot = self.backend.proposer_state()

@@ -171,6 +171,7 @@ class AsyncTrainer(Learner):
             self.sink.close()
             self.pool.shutdown()
             self.ray.close()
+            self.close()
 
     def ledger(self) -> dict[str, int]:
         """Where every issued group went: consumed + dropped + buffered + in flight + awaiting re-issue +

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from specrl.backends.base import BackendConfig
+from specrl.backends.vllm.options import VLLMOptions
 from specrl.pipeline.evaluation import EvalConfig
 from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.grpo import GRPOConfig
@@ -55,6 +56,12 @@ class RunConfig:
     run_dir: str = "runs/latest"
     checkpoint_every: int = within(10, "[0, inf)")  # steps between checkpoints (and always at the end); 0 = only at the end
     threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
+    # where the policy trainer runs (cuda without a CUDA device is an error, never a CPU fallback); rollouts run
+    # where their backend runs: the embedded engine on the CPU (its fast path is a CPU kernel), vLLM on its device
+    device: Literal["cpu", "cuda"] = "cpu"
+    # the policy trainer as this many FSDP2 ranks on Ray (`pipeline.trainer_group`), each with threads / ranks
+    # torch threads; the rollout batch must split evenly over them
+    trainer_ranks: int = within(1, "[1, inf)")
     tensorboard: bool = True
     overwrite: bool = False  # a fresh run may replace an earlier run's checkpoints and metrics in run_dir
 
@@ -92,8 +99,16 @@ class TrainConfig:
     draft: DraftAdaptConfig = field(default_factory=DraftAdaptConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)  # how the vllm backend runs (backend.backend=vllm)
 
     def __post_init__(self):
+        ranks, rows = self.run.trainer_ranks, self.rollout.prompts_per_step * self.grpo.group_size
+        if rows % ranks:
+            raise ValueError(f"run.trainer_ranks ({ranks}) must divide the batch of rollout.prompts_per_step x "
+                             f"grpo.group_size = {rows} sequences")
+        if ranks > 1 and self.draft.enabled and self.backend.draft_kind is not None:
+            raise ValueError(f"draft.enabled: online adaptation of the {self.backend.draft_kind} draft trains on the "
+                             "policy's activations in one process; set run.trainer_ranks=1, or draft.enabled=false")
         if self.eval.every and self.pipeline.mode == "async":
             raise ValueError("eval.every: held-out evaluation during training runs in the sync pipeline; evaluate an "
                              "async run's checkpoints with `specrl eval RUN_DIR`")

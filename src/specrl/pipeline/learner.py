@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import operator
 import shutil
 import statistics
@@ -20,11 +21,14 @@ from pathlib import Path
 import torch
 
 from specrl.atomic import write_text_atomically
+from specrl.device import resolve_device
 from specrl.engine.adaptive import expected_tokens
 from specrl.models.checkpoint import load_tokenizer
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.config import TrainConfig, config_to_dict
+from specrl.pipeline.ray_session import RaySession
+from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.pipeline.groups import Group
 from specrl.rl.advantages import group_advantages
 from specrl.rl.draft_adaptation import DraftTrainer
@@ -37,6 +41,15 @@ from specrl.telemetry.spec_stats import SpecStats
 from specrl.telemetry.timers import StageTimer
 
 
+def make_policy_trainer(config: TrainConfig, policy_dir: str, pad_id: int) -> PolicyTrainer | TrainerGroup:
+    """One in-process `PolicyTrainer`, or `run.trainer_ranks` FSDP ranks on Ray (`TrainerGroup`)."""
+    run, args = config.run, (policy_dir, config.grpo, config.optim, config.rollout.sampling(), pad_id)
+    if run.trainer_ranks == 1:
+        return PolicyTrainer(*args, device=run.device)
+    threads = max(1, (run.threads or os.cpu_count() or 1) // run.trainer_ranks)
+    return TrainerGroup(run.trainer_ranks, *args, device=run.device, threads_per_rank=threads)
+
+
 def sampling_seed(run_seed: int, step: int) -> int:
     return run_seed * 1_000_003 + step
 
@@ -46,6 +59,7 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str,
 
     Checks the run folder first, before any model or engine is loaded: a fresh run may not drop an
     earlier run's checkpoints unless run.overwrite is set, and a resume needs a checkpoint."""
+    resolve_device(config.run.device)
     run_dir = Path(config.run.run_dir)
     checkpoint = latest_checkpoint(run_dir)
     if resume and checkpoint is None:
@@ -73,8 +87,10 @@ class Learner:
         self.run_dir = Path(config.run.run_dir)
         self.policy_dir, self.draft_dir = policy_dir, draft_dir
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
+        # several trainer ranks are Ray actors: join the pipeline's Ray (or start one on this machine)
+        self.trainer_ray = RaySession(config.pipeline.ray_address) if config.run.trainer_ranks > 1 else None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.trainer = PolicyTrainer(policy_dir, config.grpo, config.optim, config.rollout.sampling(), pad)
+        self.trainer = make_policy_trainer(config, policy_dir, pad)
         self.draft = None  # DraftTrainer or HeadTrainer
         self.frozen_head = None  # the starting head, for comparison (loaded at the first evaluation)
         if config.draft.enabled and draft_dir is not None:
@@ -87,8 +103,10 @@ class Learner:
         self.task = make_task(config.task)
         self.start_step, self.start_version, self.resumed_pipeline = 0, 0, {}
         if checkpoint is not None:
-            state = restore_training_state(checkpoint, self.trainer.optimizer,
-                                           self.draft.optimizer if self.draft else None)
+            state, optimizer, draft_optimizer = restore_training_state(checkpoint, with_draft=self.draft is not None)
+            self.trainer.load_optimizer_state(optimizer)
+            if self.draft is not None:
+                self.draft.optimizer.load_state_dict(draft_optimizer)
             self.start_step = state["step"]
             self.start_version = state["version"]
             self.resumed_pipeline = state.get("pipeline", {})
@@ -163,9 +181,20 @@ class Learner:
         every = self.config.run.checkpoint_every
         if step == self.config.run.steps or (every and step % every == 0):
             with self.timer.stage("checkpoint"):
-                save_checkpoint(self.run_dir, step, step, self.trainer.model, self.trainer.optimizer, self.tokenizer,
-                                self.draft.save if self.draft else None, self.draft.optimizer if self.draft else None,
-                                pipeline=self.pipeline_state())
+                save_checkpoint(self.run_dir, step, step, self.save_policy, self.trainer.optimizer_state(),
+                                self.draft.save if self.draft else None,
+                                self.draft.optimizer.state_dict() if self.draft else None, pipeline=self.pipeline_state())
+
+    def save_policy(self, folder: Path) -> None:
+        self.trainer.save_policy(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def close(self) -> None:
+        """Stop the trainer ranks (and the Ray this learner started for them), when there are several."""
+        if isinstance(self.trainer, TrainerGroup):
+            self.trainer.close()
+        if self.trainer_ray is not None:
+            self.trainer_ray.close()
 
     def pipeline_state(self) -> dict:
         """What the pipeline must save to continue exactly (JSON-ready); each pipeline adds its own."""
@@ -232,7 +261,8 @@ class Learner:
             "rollout_tokens_per_s": self.generated_tokens / max(self.generation_seconds, 1e-9),
             "timing": self.timer.total, "seconds": sum(self.timer.total.values()),
             "proposer": self.config.backend.proposer, "backend": self.config.backend.backend,
-            "pipeline": self.config.pipeline.mode,
+            "pipeline": self.config.pipeline.mode, "trainer_ranks": self.config.run.trainer_ranks,
+            "device": self.config.run.device, "precision": self.config.optim.precision,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_total.items())},
             "max_staleness_seen": max(self.staleness_total, default=0),
             "run_dir": str(self.run_dir),

@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 from specrl.atomic import recover_folder, replace_folder
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
-    state = optimizer.state_dict()
+def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], list]:
+    """torch's optimizer state dict -> (flat tensors "index.slot", param groups) for safetensors."""
     tensors = {}
     for index, slots in state["state"].items():
         for name, value in slots.items():
@@ -34,34 +34,34 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, state["param_groups"]
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list) -> None:
+def _optimizer_state(tensors: dict[str, torch.Tensor], groups: list) -> dict:
     state: dict[int, dict] = {}
     for key, value in tensors.items():
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
 
 
-def save_checkpoint(run_dir: Path, step: int, version: int, policy, optimizer, tokenizer,
-                    save_draft=None, draft_optimizer=None, pipeline: dict | None = None) -> Path:
-    """Write checkpoint `step` atomically; returns its folder. `save_draft(folder)` writes the adapted
-    draft model or head in the layout its proposer loads. `pipeline` is the pipeline's own state
-    (JSON-ready: the proposer's memory; for async, the buffer, the ledger and the requests), saved
-    in state.json under "pipeline"."""
+def save_checkpoint(run_dir: Path, step: int, version: int, save_policy, optimizer_state: dict,
+                    save_draft=None, draft_optimizer_state: dict | None = None, pipeline: dict | None = None) -> Path:
+    """Write checkpoint `step` atomically; returns its folder. `save_policy(folder)` writes the policy
+    (Hugging Face layout, with its tokenizer) and `save_draft(folder)` the adapted draft model or head
+    in the layout its proposer loads; the optimizer states are torch's state dicts. `pipeline` is the
+    pipeline's own state (JSON-ready: the proposer's memory; for async, the buffer, the ledger and the
+    requests), saved in state.json under "pipeline"."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    policy.save_pretrained(tmp / "policy", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "policy")
-    tensors, groups = _optimizer_tensors(optimizer)
+    save_policy(tmp / "policy")
+    tensors, groups = _optimizer_tensors(optimizer_state)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     state = {"step": step, "version": version, "param_groups": groups, "python_rng": _python_rng(),
              "pipeline": pipeline or {}}
     if save_draft is not None:
         save_draft(tmp / "draft")
-        draft_tensors, draft_groups = _optimizer_tensors(draft_optimizer)
+        draft_tensors, draft_groups = _optimizer_tensors(draft_optimizer_state)
         save_file(draft_tensors, str(tmp / "draft_optimizer.safetensors"))
         state["draft_param_groups"] = draft_groups
     save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
@@ -91,17 +91,19 @@ def read_state(checkpoint: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def restore_training_state(checkpoint: Path, optimizer, draft_optimizer=None) -> dict:
-    """Load optimiser(s) and RNG states from `checkpoint`; returns state.json's contents."""
+def restore_training_state(checkpoint: Path, with_draft: bool = False) -> tuple[dict, dict, dict | None]:
+    """Restore the RNG states from `checkpoint`; returns (state.json's contents, the optimizer's state
+    dict, the draft optimizer's when `with_draft`, else None) for the trainers to load."""
     checkpoint = Path(checkpoint)
     state = read_state(checkpoint)
-    _restore_optimizer(optimizer, load_file(str(checkpoint / "optimizer.safetensors")), state["param_groups"])
-    if draft_optimizer is not None:
+    optimizer = _optimizer_state(load_file(str(checkpoint / "optimizer.safetensors")), state["param_groups"])
+    draft_optimizer = None
+    if with_draft:
         if not (checkpoint / "draft_optimizer.safetensors").is_file():
             raise ValueError(f"{checkpoint}: the run trains a draft but the checkpoint has no draft optimizer")
-        _restore_optimizer(draft_optimizer, load_file(str(checkpoint / "draft_optimizer.safetensors")),
-                           state["draft_param_groups"])
+        draft_optimizer = _optimizer_state(load_file(str(checkpoint / "draft_optimizer.safetensors")),
+                                           state["draft_param_groups"])
     torch.set_rng_state(load_file(str(checkpoint / "rng.safetensors"))["torch"])
     version, internal, gauss = state["python_rng"]
     random.setstate((version, tuple(internal), gauss))
-    return state
+    return state, optimizer, draft_optimizer

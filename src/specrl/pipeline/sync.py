@@ -28,7 +28,9 @@ class SyncTrainer(Learner):
 
     def __init__(self, config: TrainConfig, resume: bool = False):
         checkpoint, policy_dir, draft_dir = starting_point(config, resume)
-        self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir))
+        self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir), config.vllm)
+        # colocated vLLM on a GPU: the engine sleeps while the trainer steps (vllm.sleep_mode)
+        self.sleeps = config.backend.backend == "vllm" and config.vllm.sleep_mode
         super().__init__(config, checkpoint, policy_dir, draft_dir, tokenizer=self.backend.tokenizer)
         if checkpoint is not None:
             policy, draft = self.weights()
@@ -64,8 +66,12 @@ class SyncTrainer(Learner):
             result = self.backend.generate(prompts, params)
         with timer.stage("reward"):
             groups = score_groups(self.task, (step - 1) * P, problems, result.completions, version)
+        if self.sleeps:
+            self.backend.sleep()
         stats = self.train(step, groups)
         with timer.stage("weight_sync"):
+            if self.sleeps:
+                self.backend.wake_up()
             policy, draft = self.weights()
             self.backend.sync_weights(policy, version=step, draft=draft)
         self.note_rollouts(result.spec, result.num_tokens, result.seconds)
@@ -85,4 +91,5 @@ class SyncTrainer(Learner):
                     progress(step, self.config.run.steps, record)
         finally:
             self.sink.close()
+            self.close()
         return self.summary()

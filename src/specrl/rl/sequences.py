@@ -19,6 +19,9 @@ class TrainBatch:
     attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
     loss_mask: torch.Tensor  # [B, T] float, 1 where logits[:, t] predicts a response token ids[:, t+1]
 
+    def to(self, device: torch.device) -> "TrainBatch":
+        return TrainBatch(self.ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
+
 
 def train_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TrainBatch:
     """Right-pad `prompt + response` rows and mark the positions that predict response tokens.

@@ -4,15 +4,31 @@ The batch is split into micro-batches whose gradients accumulate, so memory stay
 bounded by `micro_batch_size` whatever the rollout batch. All micro-batches run on
 the same (pre-update) weights, so the logprobs they compute are the trainer's
 logprobs of the rollout tokens, compared with the engine's for the parity metrics.
+
+Where and how it computes:
+    device       run.device: cpu or cuda (`specrl.device`; cuda without CUDA is an error)
+    precision    optim.precision: fp32, or bf16 autocast around forward and loss with fp32
+                 master weights, gradients and AdamW moments (the engine's logprobs stay fp32,
+                 so the first update's ratio is exp(bf16 rounding), not 1)
+    ranks        when torch.distributed is initialised with N > 1 ranks (`pipeline.trainer_group`
+                 starts them on Ray), the model is sharded with FSDP2 (`fully_shard`: each decoder
+                 layer, then the root, which holds the embeddings and the tied head); each rank
+                 steps on its 1/N of the batch, with the whole batch's token count as the loss
+                 denominator, so the reduce-scattered gradient is the whole batch's. Gradients are
+                 synchronised once per step (on the last micro-batch).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
+from specrl.device import resolve_device
 from specrl.rl.sequences import TrainBatch, train_batch
 from specrl.models.checkpoint import load_causal_lm
 from specrl.rl.grpo import GRPOConfig, grpo_loss
@@ -30,6 +46,8 @@ class OptimConfig:
     weight_decay: float = within(0.0, "[0, inf)")
     max_grad_norm: float = within(1.0, "[0, inf)")  # clip the global gradient norm; 0 = no clipping
     micro_batch_size: int = within(8, "[1, inf)")  # sequences per forward/backward
+    # fp32, or bf16 autocast (forward and loss in bf16, master weights, gradients and AdamW state in fp32)
+    precision: Literal["fp32", "bf16"] = "fp32"
 
     def __post_init__(self):
         check_fields(self)
@@ -83,16 +101,30 @@ def align_per_token(values: list[list[float]], prompts: list[list[int]], width: 
     return out
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter or state gathered whole, on the CPU (a collective: every rank calls it)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
+
+
 class PolicyTrainer:
-    def __init__(self, checkpoint_dir, grpo: GRPOConfig, optim: OptimConfig, sampling: SamplingParams, pad_id: int):
+    def __init__(self, checkpoint_dir, grpo: GRPOConfig, optim: OptimConfig, sampling: SamplingParams, pad_id: int,
+                 device: str = "cpu"):
         """`sampling`: the rollouts' temperature, top-k and top-p; logprobs are taken under that distribution."""
         if sampling.greedy:
             raise ValueError("training needs a sampling temperature > 0 (logprobs under greedy decoding are degenerate)")
-        self.model = load_causal_lm(checkpoint_dir)
+        self.device = resolve_device(device)
+        self.ranks = dist.get_world_size() if dist.is_initialized() else 1
+        self.model = load_causal_lm(checkpoint_dir).to(self.device)
+        if self.ranks > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in self.model.model.layers:
+                fully_shard(layer)
+            fully_shard(self.model)
         self.model.train()
         self.reference = None
         if grpo.kl_coef > 0:
-            self.reference = load_causal_lm(checkpoint_dir).eval()
+            self.reference = load_causal_lm(checkpoint_dir).to(self.device).eval()
         self.grpo, self.optim, self.sampling, self.pad_id = grpo, optim, sampling, pad_id
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
 
@@ -100,8 +132,51 @@ class PolicyTrainer:
     def _truncation(self) -> tuple[float, int, float]:
         return self.sampling.temperature, self.sampling.top_k, self.sampling.top_p
 
+    def _autocast(self):
+        if self.optim.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return sync_state_dict(self.model)
+        """The policy's weights under Hugging Face names, whole and on the CPU (gathered from the ranks)."""
+        return {name: full_tensor(tensor) for name, tensor in sync_state_dict(self.model).items()}
+
+    def save_policy(self, folder) -> None:
+        """The policy in Hugging Face layout, gathered from the ranks; rank 0 writes."""
+        state = self.state_dict()
+        if self.ranks == 1 or dist.get_rank() == 0:
+            self.model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+
+    def _names(self) -> list[str]:
+        return [name for name, _ in self.model.named_parameters()]
+
+    def optimizer_state(self) -> dict:
+        """AdamW's state in torch's unsharded layout (parameters numbered in `named_parameters` order),
+        whatever the number of ranks: checkpoints of 1 and N ranks are interchangeable."""
+        if self.ranks == 1:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        index = {name: i for i, name in enumerate(self._names())}
+        return {"state": {index[name]: {key: full_tensor(v) if torch.is_tensor(v) else v for key, v in slots.items()}
+                          for name, slots in full["state"].items()},
+                "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                                 for group in full["param_groups"]]}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Load what `optimizer_state` returned (sharded across the ranks when there are several)."""
+        if self.ranks == 1:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        names = self._names()
+        full = {"state": {names[int(i)]: slots for i, slots in state["state"].items()},
+                "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                 for group in state["param_groups"]]}
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=full,
+                                 options=StateDictOptions(full_state_dict=True))
 
     @torch.no_grad()
     def head_acceptance(self, head, prompts: list[list[int]], responses: list[list[int]]) -> list[float]:
@@ -109,7 +184,7 @@ class PolicyTrainer:
         totals = None
         size = self.optim.micro_batch_size
         for start in range(0, len(prompts), size):
-            batch = train_batch(prompts[start:start + size], responses[start:start + size], self.pad_id)
+            batch = train_batch(prompts[start:start + size], responses[start:start + size], self.pad_id).to(self.device)
             hidden, release = capture_hidden(self.model, head.hidden_layers)
             try:
                 logits = response_logits(self.model, batch)
@@ -121,34 +196,41 @@ class PolicyTrainer:
 
     def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
              advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False,
-             hidden_layers: tuple[int, ...] = ()) -> dict[str, float]:
+             hidden_layers: tuple[int, ...] = (), num_tokens: int | None = None) -> dict[str, float]:
         """One optimiser step. `on_micro_batch(batch, logits, hidden)` sees each micro-batch's detached
         policy logits and the hidden states after the engine layer indices `hidden_layers` (the
         draft or head adaptation trains on them: no extra forward pass). `decoupled` (a batch with
-        stale tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`)."""
-        num_tokens = sum(len(r) for r in responses)
+        stale tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`).
+        With several ranks each passes its own rows and the whole batch's `num_tokens`; the stats
+        are then this rank's shares (sums over ranks give the batch's; see `TrainerGroup`)."""
+        num_tokens = num_tokens if num_tokens is not None else sum(len(r) for r in responses)
         stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         abs_err, max_err = 0.0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         size = self.optim.micro_batch_size
-        for start in range(0, len(prompts), size):
+        starts = range(0, len(prompts), size)
+        advantages = advantages.to(self.device)
+        for start in starts:
             rows = slice(start, start + size)
-            batch = train_batch(prompts[rows], responses[rows], self.pad_id)
-            behaviour = align_per_token(behaviour_logprobs[rows], prompts[rows], batch.ids.shape[1])
+            if self.ranks > 1:  # reduce-scatter the gradients once, on the last micro-batch
+                self.model.set_requires_gradient_sync(start == starts[-1])
+            batch = train_batch(prompts[rows], responses[rows], self.pad_id).to(self.device)
+            behaviour = align_per_token(behaviour_logprobs[rows], prompts[rows], batch.ids.shape[1]).to(self.device)
             hidden, release = capture_hidden(self.model, hidden_layers if on_micro_batch else ())
             try:
-                logits = response_logits(self.model, batch)
+                with self._autocast():
+                    logits = response_logits(self.model, batch)
             finally:
                 release()
             logprobs = token_logprobs(logits, batch.ids, *self._truncation)
             ref = None
             if self.reference is not None:
-                with torch.no_grad():
+                with torch.no_grad(), self._autocast():
                     ref = token_logprobs(response_logits(self.reference, batch), batch.ids, *self._truncation)
             loss, micro = grpo_loss(logprobs, behaviour, advantages[rows], batch.loss_mask, self.grpo,
                                     num_tokens=num_tokens, ref_logprobs=ref,
                                     proximal_logprobs=logprobs.detach() if decoupled else None)
-            loss.backward()
+            (loss * self.ranks).backward()  # FSDP averages the ranks' gradients; each holds a share of the sum
             stats["loss"] += float(loss.detach())
             for key, value in micro.items():
                 stats[key] = stats.get(key, 0.0) + value
@@ -159,7 +241,8 @@ class PolicyTrainer:
             if on_micro_batch is not None:
                 on_micro_batch(batch, logits.detach(), hidden)
         if self.optim.max_grad_norm > 0:
-            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm)
+            stats["grad_norm"] = float(full_tensor(norm))
         self.optimizer.step()
         stats["logprob_abs_error_mean"] = abs_err / max(num_tokens, 1)
         stats["logprob_abs_error_max"] = max_err

