@@ -47,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, help="cluster size (overrides)")
     p.add_argument("--async-style", choices=("drain", "stream"), default="drain",
                    help="async generation: drain each step's batch, or stream across steps (no drain)")
+    p.add_argument("--trainer-gpus", metavar="N1,N2",
+                   help="async trainer world-size scenario: the step with the trainer on each of these many GPUs "
+                   "(FSDP, collectives over NVLink within 8 GPUs, the network past them) and the scenario's "
+                   "rollout pool, speculation off and on, e.g. --trainer-gpus 8,64,256,1024")
     p.add_argument("--sensitivity", action="store_true",
                    help="also vary acceptance, length tail and MoE layout one at a time (slower)")
     p.add_argument("--plot-dir", type=Path, help="write PNG plots into this folder (implies --sensitivity "
@@ -123,6 +127,15 @@ def run(args) -> dict:
         out.update(rollout_speedup=best["speedup"], step_speedup=None, best=best)
         return out
 
+    if args.trainer_gpus:
+        sizes = [int(v) for v in args.trainer_gpus.split(",")]
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"--trainer-gpus takes positive counts, got {args.trainer_gpus!r}")
+        rows = projection.trainer_scaling(s, sizes)
+        _print_rows(console, f"{s.name}: trainer world size (rollout pool {s.gpus} GPUs, async, staleness 1)", rows,
+                    ["trainer_gpus", "training_s", "fsdp_comm_s", "step_off_s", "step_on_s", "step_speedup", "bound_by"])
+        return {"scenario": s.name, "trainer_scaling": rows, "rollout_speedup": None,
+                "step_speedup": rows[-1]["step_speedup"]}
     result = projection.run_scenario(s, args.async_style)
     trajectories = result.pop("_trajectories")
     stage_rows = [{"case": "spec off", **result["spec_off"]}, {"case": f"spec on (K={s.k})", **result["spec_on"]}]

@@ -21,7 +21,8 @@ from specrl.sim.drafters import get_drafter
 from specrl.sim.hardware import get_device
 from specrl.sim.iteration import Engine
 from specrl.sim.models import get_model
-from specrl.sim.rl_loop import StepTimes, best_async_step, sync_step
+from specrl.sim.rl_loop import (StepTimes, best_async_step, fsdp_comm_time, logprob_time, sync_step, train_time,
+                                weight_transfer_time)
 from specrl.sim.scenarios import Scenario
 from specrl.sim.workload import expected_length
 
@@ -51,6 +52,31 @@ def run_scenario(s: Scenario, async_style: str = "drain") -> dict:
     out["tokens_per_s_on"] = round(on.rollout.tokens_per_s, 1)
     out["_trajectories"] = {"off": off.rollout.trajectory, "on": on.rollout.trajectory}
     return out
+
+
+def trainer_scaling(s: Scenario, trainer_gpus: list[int], gpus_per_node: int = 8) -> list[dict]:
+    """Async steps with the trainer on each of `trainer_gpus` devices (FSDP), the rollout pool fixed at the
+    scenario's: where training stops being the bottleneck, and what speculation then buys.
+
+    Per trainer size n: compute = logprobs + training at n devices, comm = `fsdp_comm_time` (NVLink
+    within `gpus_per_node`, the network past it), step = max(generation, compute + comm) + weight
+    broadcast, with speculation off and on (staleness 1: generation and training overlap)."""
+    model, device = get_model(s.model), get_device(s.device)
+    rollout_gpus = s.gpus
+    tokens = s.workload.requests * (s.workload.prompt_tokens + expected_length(s.workload.lengths))
+    generation = {k: sync_step(replace(s, gpus=rollout_gpus).setup(k=k)).generation for k in (0, s.k)}
+    broadcast = weight_transfer_time(model, device, s.layout.devices, colocated=False)
+    rows = []
+    for n in trainer_gpus:
+        compute = (logprob_time(model, tokens, device, n, s.train_mfu) + train_time(model, tokens, device, n, s.train_mfu))
+        comm = fsdp_comm_time(model, device, n, gpus_per_node)
+        off, on = (max(generation[k], compute + comm) + broadcast for k in (0, s.k))
+        rows.append({"trainer_gpus": n, "rollout_gpus": rollout_gpus, "training_s": round(compute, 3),
+                     "fsdp_comm_s": round(comm, 3), "generation_off_s": round(generation[0], 3),
+                     "generation_on_s": round(generation[s.k], 3), "step_off_s": round(off, 3),
+                     "step_on_s": round(on, 3), "step_speedup": round(off / on, 4),
+                     "bound_by": "training" if compute + comm > generation[0] else "generation"})
+    return rows
 
 
 def scenario_engine(s: Scenario) -> Engine:

@@ -54,6 +54,18 @@ def weight_transfer_time(model: ModelSpec, device: Device, replica_devices: int,
     return shard / (bw * device.efficiency.collective_efficiency) + device.efficiency.collective_latency_s
 
 
+def fsdp_comm_time(model: ModelSpec, device: Device, ranks: int, gpus_per_node: int = 8) -> float:
+    """Seconds of FSDP collectives per optimizer step on `ranks` trainer devices, none of it hidden
+    behind compute (an upper bound): parameters all-gathered for the forward and again for the
+    backward, gradients reduce-scattered, each a ring moving (ranks - 1) / ranks of the model's
+    bytes through every device; over NVLink within a node, over the network past one."""
+    if ranks <= 1:
+        return 0.0
+    moved = 3 * total_params(model) * device.bytes_per_param * (ranks - 1) / ranks
+    bw = device.link_bw if ranks <= gpus_per_node else device.net_bw
+    return moved / (bw * device.efficiency.collective_efficiency) + 3 * device.efficiency.collective_latency_s
+
+
 @dataclass(frozen=True)
 class RLSetup:
     """Everything one RL-step projection needs.
