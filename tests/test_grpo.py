@@ -95,3 +95,25 @@ def test_without_lag_the_decoupled_loss_equals_the_plain_grpo_loss():
     decoupled.backward()
     assert stats["is_weight"] == pytest.approx(1.0)
     assert torch.allclose(plain, decoupled) and torch.allclose(l1.grad, l2.grad)
+
+
+def test_bf16_autocast_trains_with_fp32_master_weights():
+    """optim.precision=bf16: the step runs under autocast, the weights and AdamW moments stay fp32,
+    and the trainer's logprobs differ from fp32's by bf16 rounding only (the ratio's first-step error)."""
+    from specrl.models.registry import resolve_checkpoint
+    from specrl.rl.trainer import OptimConfig, PolicyTrainer
+    from specrl.sampling import SamplingParams
+
+    model_dir = resolve_checkpoint("tiny")
+    prompts, responses = [[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]]
+    trainers = {p: PolicyTrainer(model_dir, GRPOConfig(), OptimConfig(lr=1e-3, precision=p), SamplingParams(), 0)
+                for p in ("fp32", "bf16")}
+    fp32 = trainers["fp32"].step(prompts, responses, [[0.0] * 4, [0.0] * 2], torch.tensor([1.0, -1.0]))
+    bf16 = trainers["bf16"].step(prompts, responses, [[0.0] * 4, [0.0] * 2], torch.tensor([1.0, -1.0]))
+    # behaviour logprobs 0: the error is each step's own mean |logprob|, equal up to bf16 rounding
+    assert bf16["logprob_abs_error_mean"] == pytest.approx(fp32["logprob_abs_error_mean"], rel=0.05)
+    assert bf16["logprob_abs_error_mean"] != fp32["logprob_abs_error_mean"]  # autocast did run in bf16
+    model = trainers["bf16"].model
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    state = trainers["bf16"].optimizer_state()["state"]
+    assert state and all(slots["exp_avg"].dtype == torch.float32 for slots in state.values())
