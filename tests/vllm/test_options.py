@@ -59,8 +59,10 @@ def test_lossless_acceptance_methods_need_no_opt_in():
 
 
 def test_bad_options_fail_at_construction_naming_the_field():
-    with pytest.raises(ValueError, match="VLLMOptions.mode"):
+    with pytest.raises(ValueError, match=r"vllm\.mode"):  # named as a train config writes it
         VLLMOptions(mode="threads")
+    with pytest.raises(ValueError, match=r"vllm\.gpu_memory_utilization"):
+        VLLMOptions(gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="draft_sample_method"):
         VLLMOptions(draft_sample_method="typical")
 
