@@ -29,17 +29,10 @@ import ray
 import torch
 import torch.distributed as dist
 
+from specrl.pipeline.weights import to_numpy, to_torch
 from specrl.rl.grpo import GRPOConfig
-from specrl.rl.trainer import OptimConfig, PolicyTrainer
+from specrl.rl.trainer import OptimConfig, PolicyTrainer, check_sampling
 from specrl.sampling import SamplingParams
-
-
-def _numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    return {name: tensor.numpy() for name, tensor in state.items()}
-
-
-def _torch(state: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(array.copy()) for name, array in state.items()}
 
 
 def _optimizer_to(state: dict, convert) -> dict:
@@ -87,7 +80,7 @@ class TrainerRank:
 
     def state_dict(self) -> dict[str, np.ndarray] | None:
         state = self.trainer.state_dict()  # every rank takes part in the gathers
-        return _numpy(state) if self.rank == 0 else None
+        return to_numpy(state) if self.rank == 0 else None
 
     def save_policy(self, folder: str) -> None:
         self.trainer.save_policy(folder)
@@ -112,8 +105,7 @@ class TrainerGroup:
 
     def __init__(self, ranks: int, checkpoint_dir: str, grpo: GRPOConfig, optim: OptimConfig,
                  sampling: SamplingParams, pad_id: int, device: str = "cpu", threads_per_rank: int = 1):
-        if sampling.greedy:
-            raise ValueError("training needs a sampling temperature > 0 (logprobs under greedy decoding are degenerate)")
+        check_sampling(sampling)  # before any rank starts
         gpus = 1 if device == "cuda" else 0
         need = {"CPU": ranks * threads_per_rank, "GPU": ranks * gpus}
         have = ray.available_resources()
@@ -146,7 +138,7 @@ class TrainerGroup:
             for actor, p in zip(self.actors, parts)]))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return _torch(self._all("state_dict")[0])
+        return to_torch(self._all("state_dict")[0])
 
     def save_policy(self, folder) -> None:
         self._all("save_policy", str(folder))

@@ -30,19 +30,19 @@ class VersionedWeights:
     refs: list = field(default_factory=list)
 
 
-def _to_numpy(state: dict[str, torch.Tensor] | None) -> dict[str, np.ndarray] | None:
+def to_numpy(state: dict[str, torch.Tensor] | None) -> dict[str, np.ndarray] | None:
     # numpy arrays travel zero-copy through the object store; torch tensors are pickled (~30x slower here)
     return None if state is None else {name: tensor.detach().cpu().numpy() for name, tensor in state.items()}
 
 
-def _to_torch(state: dict[str, np.ndarray] | None) -> dict[str, torch.Tensor] | None:
+def to_torch(state: dict[str, np.ndarray] | None) -> dict[str, torch.Tensor] | None:
     # a private copy: the store's buffers are read-only, and the backend keeps what it is given
     return None if state is None else {name: torch.from_numpy(array.copy()) for name, array in state.items()}
 
 
 def publish(version: int, policy: dict[str, torch.Tensor], draft: dict[str, torch.Tensor] | None) -> VersionedWeights:
     """One `ray.put` of {"policy": ..., "draft": ... or None}; returns the handle for the board."""
-    return VersionedWeights(version, [ray.put({"policy": _to_numpy(policy), "draft": _to_numpy(draft)})])
+    return VersionedWeights(version, [ray.put({"policy": to_numpy(policy), "draft": to_numpy(draft)})])
 
 
 class WeightBoard:
@@ -68,5 +68,5 @@ def adopt(backend, weights: VersionedWeights) -> float:
         return 0.0
     start = time.perf_counter()
     state = ray.get(weights.refs[0])
-    backend.sync_weights(_to_torch(state["policy"]), version=weights.version, draft=_to_torch(state["draft"]))
+    backend.sync_weights(to_torch(state["policy"]), version=weights.version, draft=to_torch(state["draft"]))
     return time.perf_counter() - start

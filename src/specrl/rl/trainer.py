@@ -101,6 +101,11 @@ def align_per_token(values: list[list[float]], prompts: list[list[int]], width: 
     return out
 
 
+def check_sampling(sampling: SamplingParams) -> None:
+    if sampling.greedy:
+        raise ValueError("training needs a sampling temperature > 0 (logprobs under greedy decoding are degenerate)")
+
+
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A sharded (DTensor) parameter or state gathered whole, on the CPU (a collective: every rank calls it)."""
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
@@ -110,8 +115,7 @@ class PolicyTrainer:
     def __init__(self, checkpoint_dir, grpo: GRPOConfig, optim: OptimConfig, sampling: SamplingParams, pad_id: int,
                  device: str = "cpu"):
         """`sampling`: the rollouts' temperature, top-k and top-p; logprobs are taken under that distribution."""
-        if sampling.greedy:
-            raise ValueError("training needs a sampling temperature > 0 (logprobs under greedy decoding are degenerate)")
+        check_sampling(sampling)
         self.device = resolve_device(device)
         self.ranks = dist.get_world_size() if dist.is_initialized() else 1
         self.model = load_causal_lm(checkpoint_dir).to(self.device)
