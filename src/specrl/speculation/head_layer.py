@@ -44,12 +44,14 @@ class HeadLinear(nn.Linear):
     kernel as the target's projections do: a head drafts B (or B x width) rows per pass, exactly
     where MKL's small-row cliff costs ~2x. Training (autograd on) and passes of more than
     `small_gemm.MAX_ROWS` rows use F.linear. The packed copy is rebuilt whenever the weight
-    changed: an optimizer step or a sync's copy_ bumps the tensor's version."""
+    changed: an optimizer step or a sync's copy_ bumps the tensor's version. A weight created under
+    inference mode has no version to watch, so it stays on F.linear."""
 
     fast = False  # set by DraftHead.use_fast_path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fast or torch.is_grad_enabled() or x.numel() // x.shape[-1] > small_gemm.MAX_ROWS:
+        if (not self.fast or torch.is_grad_enabled() or self.weight.is_inference()
+                or x.numel() // x.shape[-1] > small_gemm.MAX_ROWS):
             return F.linear(x, self.weight, self.bias)
         key = (self.weight.data_ptr(), self.weight._version)
         if getattr(self, "_packed_key", None) != key:
