@@ -3,6 +3,8 @@
 Chain of invariants:
     max_staleness 0              == the sync loop: same rewards and losses, step for step;
     every trained group          staleness (s - 1) - version <= max_staleness, for every token;
+    in-flight weight updates     a running request adopts an offered version between engine steps: one
+                                 sequence's tokens carry two versions, and the bound still holds per token;
     a rollout actor killed       is replaced, its requests re-issued; every group is consumed
                                  once, dropped, or still accounted for (buffered / in flight);
     configs                      fail at load, naming the field.
@@ -58,6 +60,8 @@ def assert_within_bound(trainer: AsyncTrainer, bound: int) -> None:
         assert 0 <= used.staleness <= bound, used
     for record in trainer.history:
         assert all(int(age) <= bound for age in record["staleness_histogram"])
+        assert all(0 <= int(age) <= bound for age in record["token_staleness_histogram"])
+        assert sum(record["token_staleness_histogram"].values()) == record["rollout_tokens"]
 
 
 @pytest.mark.slow
@@ -131,10 +135,13 @@ def test_a_killed_rollout_actor_is_replaced_and_no_group_is_lost_or_used_twice(t
     ("pipeline.prompts_per_request=3", r"pipeline.prompts_per_request \(3\) must divide"),
     ("pipeline.buffer_size=100", r"pipeline.buffer_size \(100\) must be between"),
     ("grpo.is_cap=0.5", "grpo.is_cap must be >= 1"),
+    ("pipeline.weight_updates=token", "pipeline.weight_updates must be one of"),
+    ("pipeline.weight_updates=step", "in-flight weight updates are for pipeline.mode=async"),
+    ("pipeline.weight_updates=step pipeline.mode=async backend.backend=vllm", "needs backend.backend=embedded"),
 ])
 def test_bad_pipeline_values_are_named(override, message):
     with pytest.raises(ValueError, match=message):
-        load_config("tiny", overrides=["rollout.prompts_per_step=4", override])
+        load_config("tiny", overrides=["rollout.prompts_per_step=4", *override.split()])
 
 
 def test_resuming_an_async_run_without_a_checkpoint_says_so(tmp_path):
@@ -195,3 +202,40 @@ def test_a_request_starts_on_the_newest_weights_on_the_board(tmp_path, local_ray
     second = worker.generate(RolloutRequest(1, 2, 2, seed=2))
     assert {v for g in second.groups for c in g.completions for v in c.versions} == {3}
     assert second.seconds["weight_load"] > 0
+
+
+def test_a_running_request_adopts_an_offered_version_between_engine_steps(tmp_path, local_ray):
+    """pipeline.weight_updates=step: a version offered while a request runs is loaded at the next step
+    boundary, so a sequence's first tokens carry the old version and the rest the new one; its group
+    counts as the oldest token's version."""
+    from specrl.models.checkpoint import load_causal_lm
+    from specrl.models.registry import resolve_checkpoint
+    from specrl.pipeline.actors import RolloutRequest, RolloutWorker
+    from specrl.pipeline.weights import VersionedWeights, WeightBoardActor, publish
+    from specrl.rl.trainer import sync_state_dict
+
+    config = small_config(tmp_path, "pipeline.mode=async", "pipeline.weight_updates=step", "rollout.max_tokens=16")
+    board = WeightBoardActor.remote(VersionedWeights(0))
+    worker = RolloutWorker(config, str(resolve_checkpoint("tiny")), None, 1, board)
+    worker.offer(publish(1, sync_state_dict(load_causal_lm(resolve_checkpoint("tiny"))), None))
+    result = worker.generate(RolloutRequest(0, 0, 2, seed=1))  # the board still says 0: it starts on version 0
+    assert result.weight_updates == 1 and result.seconds["weight_load"] > 0
+    completions = [c for g in result.groups for c in g.completions]
+    for c in completions:
+        assert c.versions == sorted(c.versions) and set(c.versions) <= {0, 1}
+    assert any(set(c.versions) == {0, 1} for c in completions), "no sequence changed version mid-way"
+    assert all(g.version == 0 for g in result.groups)
+    worker.offer(publish(0, {}, None))  # an older offer is ignored
+    assert worker.offered.version == 1
+
+
+@pytest.mark.slow
+def test_in_flight_updates_keep_every_token_within_the_bound(tmp_path, local_ray):
+    config = small_config(tmp_path, "run.steps=4", "pipeline.mode=async", "pipeline.max_staleness=1",
+                          "pipeline.weight_updates=step", "rollout.max_tokens=16")
+    trainer = AsyncTrainer(config)
+    summary = trainer.run()
+    assert_within_bound(trainer, 1)
+    assert summary["weight_updates"] == "step" and summary["in_flight_weight_updates"] >= 0
+    assert sum(r["in_flight_weight_updates"] for r in trainer.history) == summary["in_flight_weight_updates"]
+    assert 0 <= summary["token_staleness_mean"] <= 1

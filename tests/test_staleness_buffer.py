@@ -1,4 +1,5 @@
 """The staleness-bounded buffer between rollout actors and the trainer, on hand-built groups."""
+from specrl.generation import Completion
 from specrl.pipeline.buffer import StalenessBuffer
 from specrl.pipeline.groups import Group
 
@@ -23,4 +24,16 @@ def test_max_staleness_zero_buffer_accepts_only_the_current_version():
     buffer = StalenessBuffer(max_staleness=0)
     buffer.put([make_group(0, 4), make_group(1, 5)])
     assert [g.index for g in buffer.take(1, trainer_version=5)] == [1]
+    assert buffer.dropped == [0]
+
+
+def test_a_group_whose_tokens_span_versions_is_as_old_as_its_oldest_token():
+    """In-flight weight updates give one sequence tokens of several versions; the bound is on every token."""
+    mixed = Completion(prompt_index=0, sample_index=0, prompt_ids=[1], token_ids=[5, 6, 7], logprobs=[-1.0] * 3,
+                       versions=[1, 2, 3], finish_reason="length")
+    group = Group(index=0, prompt_ids=[1], completions=[mixed], rewards=[0.0], issued_version=1)
+    assert group.version == 1
+    buffer = StalenessBuffer(max_staleness=1)
+    buffer.put([group, make_group(1, 3)])
+    assert [g.index for g in buffer.take(1, trainer_version=3)] == [1]  # version-1 token: 2 behind, dropped
     assert buffer.dropped == [0]

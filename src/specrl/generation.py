@@ -37,6 +37,8 @@ class GenerateResult:
     # per engine step: (seconds since the call started, live rows, k, tree width); the drain of the batch
     # (the embedded engine records it; vLLM does not expose it)
     trace: list[tuple[float, int, int, int]] = field(default_factory=list)
+    weight_updates: int = 0  # versions adopted mid-call (in-flight weight updates; the embedded engine only)
+    weight_update_seconds: float = 0.0  # spent loading them and recomputing the live rows' caches
 
     @property
     def num_tokens(self) -> int:

@@ -1,6 +1,7 @@
 """The Backend protocol every rollout engine implements, and its config."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol
 
@@ -51,8 +52,10 @@ class Backend(Protocol):
     tokenizer: object
     version: int  # policy weight version stamped on every generated token
 
-    def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
-        """Sample `params.n` responses per prompt (text or token ids)."""
+    def generate(self, prompts: list, params: SamplingParams,
+                 between_steps: Callable[[], None] | None = None) -> GenerateResult:
+        """Sample `params.n` responses per prompt (text or token ids). `between_steps` (the embedded
+        engine only) runs after every engine step and may `sync_weights`: in-flight weight updates."""
 
     def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
                      draft: dict[str, torch.Tensor] | None = None) -> None:

@@ -1,6 +1,8 @@
 """The embedded backend: specrl's own PyTorch engine, in process."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specrl.backends.base import BackendConfig
@@ -49,8 +51,9 @@ class EmbeddedBackend:
         elif state:
             raise ValueError("a checkpoint holds proposer state, but this backend runs without speculation")
 
-    def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
-        return self.engine.generate(prompts, params)
+    def generate(self, prompts: list, params: SamplingParams,
+                 between_steps: Callable[[], None] | None = None) -> GenerateResult:
+        return self.engine.generate(prompts, params, between_steps)
 
     def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
                      draft: dict[str, torch.Tensor] | None = None) -> None:

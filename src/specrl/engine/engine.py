@@ -16,10 +16,21 @@ One `generate` call:
                stop rules
     retire     finished rows leave the batch as Completions
 The live batch drains as rows finish, as RL rollouts do, and K adapts to it.
+
+In-flight weight updates (`generate(..., between_steps=hook)`): after every step the
+hook may load new weights (the async pipeline's actors load the newest published
+version there). When the version changed, the live rows' KV cache is recomputed under
+the new weights (one prefill of every row's tokens so far) and the proposer restarts on
+it, so each later token is sampled exactly from the new version's conditional given its
+prefix, and carries that version; the tokens before keep theirs. This is AReaL's
+interruptible generation (the cache is recomputed), not PipelineRL's (which keeps the
+old version's cache, so a token's law is no single version's). Exactness per token
+follows: every step's verification is against the weights loaded at that step.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +72,7 @@ class LiveBatch:
     num_tokens: torch.Tensor  # [B] valid entries of `tokens`; the last is not yet in the target's cache
     prompt_len: torch.Tensor  # [B]
     token_lp: torch.Tensor  # [B, S] logprob of each generated token, aligned with `tokens`
+    token_version: torch.Tensor  # [B, S] long: the weight version that sampled each generated token
     cache: KVCache
 
     @property
@@ -71,6 +83,7 @@ class LiveBatch:
         """Keep only `rows` [B'] (in that order) of every field and of the cache."""
         self.slots, self.tokens, self.num_tokens = self.slots[rows], self.tokens[rows], self.num_tokens[rows]
         self.prompt_len, self.token_lp = self.prompt_len[rows], self.token_lp[rows]
+        self.token_version = self.token_version[rows]
         self.cache.select_rows(rows)
 
 
@@ -90,6 +103,8 @@ class CallState:
     verify_seconds: float | None = None  # the last step's time outside the proposer
     start: float = field(default_factory=time.perf_counter)
     trace: list[tuple[float, int, int, int]] = field(default_factory=list)  # per step: (seconds in, live rows, k, width)
+    weight_updates: int = 0  # in-flight weight loads (versions adopted mid-call)
+    weight_update_seconds: float = 0.0  # in the between-steps hook and the cache recomputes after a load
 
 
 class RolloutEngine:
@@ -128,7 +143,10 @@ class RolloutEngine:
 
     # -- generation -------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompts: list, params: SamplingParams = SamplingParams()) -> GenerateResult:
+    def generate(self, prompts: list, params: SamplingParams = SamplingParams(),
+                 between_steps: Callable[[], None] | None = None) -> GenerateResult:
+        """Sample `params.n` responses per prompt. `between_steps`, if given, runs after every step
+        while rows are live; if it loads new weights (`load_weights`), the rest is sampled from them."""
         start = time.perf_counter()
         prompts = encode_prompts(prompts, self.tokenizer, self.model.cfg.vocab_size)
         self._check_context(prompts, params)
@@ -142,8 +160,30 @@ class RolloutEngine:
         batch = self._prefill(prompts, call)
         while batch.size:
             self._step(batch, call)
+            if between_steps is not None and batch.size:
+                self._between_steps(batch, call, between_steps)
         return GenerateResult(call.outputs, call.spec, time.perf_counter() - start, call.steps, call.k_histogram,
-                              call.draft_seconds, call.width_histogram, call.trace)
+                              call.draft_seconds, call.width_histogram, call.trace, call.weight_updates,
+                              call.weight_update_seconds)
+
+    def _between_steps(self, batch: LiveBatch, call: CallState, hook: Callable[[], None]) -> None:
+        """Run the hook (outside inference mode: a weight load is the same as between calls); if it
+        changed the version, recompute the live rows' cache under the new weights and restart the proposer."""
+        start, version = time.perf_counter(), self.version
+        with torch.inference_mode(False):
+            hook()
+        if self.version != version:
+            # every row's tokens but its last (which the next step feeds), from position 0; rows shorter
+            # than the longest write junk past their end that is masked out and later overwritten
+            tokens = batch.tokens.clamp_min(0)  # the junk past a row's end may be PAD (-1)
+            batch.cache.lens.zero_()
+            _, hidden = self.model.forward(tokens[:, : int(batch.num_tokens.max()) - 1], batch.cache,
+                                           hidden_layers=self.hidden_layers)
+            batch.cache.lens = batch.num_tokens - 1
+            if self.proposer is not None:
+                self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
+            call.weight_updates += 1
+        call.weight_update_seconds += time.perf_counter() - start
 
     def _prefill(self, prompts: list[list[int]], call: CallState) -> LiveBatch:
         """Run every prompt but its last token through the target once, start the proposer, then
@@ -171,7 +211,8 @@ class RolloutEngine:
         if self.proposer is not None:
             self.proposer.select_rows(group)
         return LiveBatch(slots=torch.arange(P * n), tokens=tokens[group], num_tokens=lengths[group],
-                         prompt_len=lengths[group], token_lp=torch.zeros(P * n, width), cache=cache)
+                         prompt_len=lengths[group], token_lp=torch.zeros(P * n, width),
+                         token_version=torch.zeros(P * n, width, dtype=torch.long), cache=cache)
 
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size
@@ -256,6 +297,7 @@ class RolloutEngine:
         slots = batch.num_tokens.unsqueeze(1) + torch.arange(emitted.shape[1])  # [B, k+1]
         batch.tokens.scatter_(1, slots, emitted)
         batch.token_lp.scatter_(1, slots, emitted_lp)
+        batch.token_version.scatter_(1, slots, slots.new_full(slots.shape, self.version))
         if not hidden:
             return 0.0
         start = time.perf_counter()
@@ -283,7 +325,7 @@ class RolloutEngine:
             ids = batch.tokens[b, span].tolist()
             call.outputs[slot] = Completion(
                 prompt_index=slot // n, sample_index=slot % n, prompt_ids=batch.tokens[b, prompt].tolist(),
-                token_ids=ids, logprobs=batch.token_lp[b, span].tolist(), versions=[self.version] * len(ids),
+                token_ids=ids, logprobs=batch.token_lp[b, span].tolist(), versions=batch.token_version[b, span].tolist(),
                 finish_reason="stop" if stopped[b] else "length",
                 text=response_text(self.tokenizer, ids, call.params.stop) if self.tokenizer is not None else None)
         keep = (~done).nonzero().flatten()

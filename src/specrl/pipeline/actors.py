@@ -2,13 +2,17 @@
 
 A `RolloutWorker` (run as a Ray actor) owns one backend built by `make_backend`
 (the embedded engine by default) and the task. One call, `generate(request)`: adopt the
-newest weights on the `WeightBoard` (between requests: a request runs start to finish on
-one version, and every token carries it), render the request's prompts, sample G
-responses per prompt, score them, and return the scored groups. Requests are
-deterministic: a request's sampling seed is a function of (run.seed, request number),
-so a request re-issued on the same weights version returns the same samples. After each
-request the worker keeps a snapshot of its proposer's memory (`proposer_state`, served
-on its own concurrency group, so a checkpoint does not wait behind queued requests).
+newest weights on the `WeightBoard`, render the request's prompts, sample G responses
+per prompt, score them, and return the scored groups. Every token carries the version
+that sampled it. With `pipeline.weight_updates=request` a request runs start to finish
+on one version, and requests are deterministic: a request's sampling seed is a function
+of (run.seed, request number), so a request re-issued on the same weights version
+returns the same samples. With `step`, the trainer also `offer`s each new version to the
+actors (served on the "state" concurrency group, so it lands while a request runs), and
+the engine adopts it between two steps of the running request (in-flight updates; which
+step is a race, so samples are no longer a function of the seed alone). After each
+request the worker keeps a snapshot of its proposer's memory (`proposer_state`, also on
+the "state" group, so a checkpoint does not wait behind queued requests).
 
 `RolloutPool` holds `num_actors` actors and the requests in flight on each (at most
 `requests_per_actor`; Ray queues them on the actor in order). When an actor dies,
@@ -33,7 +37,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from specrl.backends import make_backend
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.groups import Group, score_groups
-from specrl.pipeline.weights import adopt
+from specrl.pipeline.weights import VersionedWeights, adopt
 from specrl.tasks import make_task, render_prompts
 from specrl.telemetry.spec_stats import SpecStats
 
@@ -57,7 +61,9 @@ class RolloutResult:
     spec: SpecStats
     k_histogram: dict[int, int]
     num_tokens: int
-    seconds: dict[str, float] = field(default_factory=dict)  # actor-side stages: weight_load, generation, reward
+    # actor-side stages: weight_load (in flight too, with the cache recomputes it causes), generation, reward
+    seconds: dict[str, float] = field(default_factory=dict)
+    weight_updates: int = 0  # versions adopted in flight, during this request
 
 
 class RolloutWorker:
@@ -76,6 +82,7 @@ class RolloutWorker:
         self.backend.load_proposer_state(proposer_state or {})
         self.snapshot = self.backend.proposer_state()
         self.task = make_task(config.task)
+        self.offered: VersionedWeights | None = None  # the newest version offered in flight
 
     def generate(self, request: RolloutRequest) -> RolloutResult:
         cfg = self.config
@@ -84,13 +91,26 @@ class RolloutWorker:
         problems, prompts = render_prompts(self.task, tokenizer, request.first, request.count)
         params = cfg.rollout.sampling(cfg.grpo.group_size, seed=request.seed)
         version = self.backend.version
-        result = self.backend.generate(prompts, params)
+        in_flight = self.adopt_offered if cfg.pipeline.weight_updates == "step" else None
+        result = self.backend.generate(prompts, params, between_steps=in_flight)
         start = time.perf_counter()
         groups = score_groups(self.task, request.first, problems, result.completions, version)
         self.snapshot = self.backend.proposer_state()
         return RolloutResult(request, groups, result.spec, result.k_histogram, result.num_tokens,
-                             {"weight_load": load_seconds, "generation": result.seconds,
-                              "reward": time.perf_counter() - start})
+                             {"weight_load": load_seconds + result.weight_update_seconds,
+                              "generation": result.seconds - result.weight_update_seconds,
+                              "reward": time.perf_counter() - start}, result.weight_updates)
+
+    @ray.method(concurrency_group="state")
+    def offer(self, weights: VersionedWeights) -> None:
+        """A newly published version, adopted at the running request's next step boundary."""
+        if self.offered is None or weights.version > self.offered.version:
+            self.offered = weights
+
+    def adopt_offered(self) -> None:
+        """The engine's between-steps hook: load the offered version if it is newer than the backend's."""
+        if self.offered is not None:
+            adopt(self.backend, self.offered)
 
     def version(self) -> int:
         return self.backend.version
@@ -153,6 +173,11 @@ class RolloutPool:
                 failed.append(request)
                 self._replace(slot, actor)
         return results, failed
+
+    def offer(self, weights: VersionedWeights) -> None:
+        """Offer a new version to every actor, for in-flight adoption (no reply is awaited)."""
+        for actor in self.actors:
+            actor.offer.remote(weights)
 
     def proposer_states(self) -> list[dict]:
         """Each actor's proposer memory as of its last finished request."""

@@ -32,10 +32,17 @@ use, which is the synchronous loop (with R = P and fixed K, the same samples, re
 and losses as `SyncTrainer`, step for step; see tests/test_async.py).
 
 Stale batches are trained with the decoupled, truncated-IS objective described in
-`specrl.rl.grpo`; a batch whose every token comes from the trainer's version takes
-the plain GRPO path. Weight updates happen between requests (request granularity):
-a running request finishes on the version it started with; a queued one starts on the
-newest.
+`specrl.rl.grpo`, which weighs each token by its own behaviour logprob; a batch whose
+every token comes from the trainer's version takes the plain GRPO path. When actors
+take new weights (`pipeline.weight_updates`):
+- `request` (default): between requests. A running request finishes on the version it
+  started with; a queued one starts on the newest.
+- `step`: also in flight. The trainer offers each new version to every actor, and a
+  running request adopts it at its next engine step (`RolloutEngine.generate`'s
+  `between_steps`), so one sequence's tokens may come from several versions. Each
+  token carries its version; a group's version is its oldest token's, so the staleness
+  bound S holds on every token trained on. Fresher tokens mean IS weights nearer 1; the
+  cost is one recompute of the live rows' cache per adopted version.
 
 Resume (`--resume RUN_DIR`): a checkpoint holds, besides the weights and optimiser, the
 controller's request counter, the requests in flight or awaiting re-issue (they are sent
@@ -84,6 +91,7 @@ class AsyncTrainer(Learner):
                                                         self.start_version, states[slot % len(states)]),
                                 spec.num_actors, spec.requests_per_actor)
         self.reissued = 0
+        self.in_flight_updates = 0  # versions adopted by running requests (pipeline.weight_updates=step)
         self.actor_seconds: Counter[str] = Counter()
         self._since_step: list[RolloutResult] = []  # results ingested since the last record
 
@@ -132,7 +140,10 @@ class AsyncTrainer(Learner):
         stats = self.train(step, groups, decoupled=min(g.version for g in groups) < step - 1)
         with self.timer.stage("weight_sync"):
             policy, draft = self.weights()
-            ray.get(self.board.post.remote(publish(step, policy, draft)))
+            weights = publish(step, policy, draft)
+            ray.get(self.board.post.remote(weights))
+            if self.config.pipeline.weight_updates == "step":
+                self.pool.offer(weights)
             self.dispatch()
         record = self._record(step, groups, stats)
         self.checkpoint_if_due(step)  # after the record: a resume from it never lacks this step's record
@@ -147,7 +158,9 @@ class AsyncTrainer(Learner):
         tokens = sum(r.num_tokens for r in results)
         seconds = sum(r.seconds["generation"] for r in results)
         actors = {name: sum(r.seconds.get(name, 0.0) for r in results) for name in ("generation", "weight_load", "reward")}
-        extra = {"actors": actors, "dropped_total": len(self.buffer.dropped),
+        self.in_flight_updates += sum(r.weight_updates for r in results)
+        extra = {"actors": actors, "in_flight_weight_updates": sum(r.weight_updates for r in results),
+                 "dropped_total": len(self.buffer.dropped),
                  "buffered": len(self.buffer), "in_flight_groups": self.pool.in_flight_groups()}
         return self.record(step, groups, stats, spec, dict(k_histogram), tokens / max(seconds, 1e-9), extra)
 
@@ -191,7 +204,8 @@ class AsyncTrainer(Learner):
             "exposed_generation_s": fill + starvation, "buffer_starvation_s": starvation,
             "weight_sync_bubble_s": {"trainer": timing.get("weight_sync", 0.0),
                                      "actors": self.actor_seconds.get("weight_load", 0.0)},
-            "actor_timing": dict(self.actor_seconds),
+            "actor_timing": dict(self.actor_seconds), "weight_updates": self.config.pipeline.weight_updates,
+            "in_flight_weight_updates": self.in_flight_updates,
             "actors": self.config.pipeline.num_actors, "actor_restarts": sum(self.pool.restarts),
             "requests_reissued": self.reissued, "groups": self.ledger(),
         }

@@ -83,6 +83,10 @@ class PipelineConfig:
     buffer_size: int | None = None  # async: most groups buffered + in flight; None = (max_staleness + 1) * prompts_per_step (the most)
     actor_threads: int = within(1, "[1, inf)")  # async: torch threads (and Ray CPUs) per rollout actor
     ray_address: str | None = None  # async: join this Ray cluster; None = start a local Ray on this machine's cores
+    # async: when a rollout actor adopts newly published weights. request: at the start of each request (a
+    # request runs on one version) | step: also in flight, between engine steps of a running request (the
+    # live rows' cache is recomputed; each token carries the version that sampled it; embedded backend only)
+    weight_updates: Literal["request", "step"] = "request"
 
     def __post_init__(self):
         check_fields(self)
@@ -112,6 +116,12 @@ class TrainConfig:
         if self.eval.every and self.pipeline.mode == "async":
             raise ValueError("eval.every: held-out evaluation during training runs in the sync pipeline; evaluate an "
                              "async run's checkpoints with `specrl eval RUN_DIR`")
+        if self.pipeline.weight_updates == "step" and self.pipeline.mode != "async":
+            raise ValueError("pipeline.weight_updates=step: in-flight weight updates are for pipeline.mode=async "
+                             "(the sync loop never trains while it generates)")
+        if self.pipeline.weight_updates == "step" and self.backend.backend != "embedded":
+            raise ValueError(f"pipeline.weight_updates=step needs backend.backend=embedded: the "
+                             f"{self.backend.backend} backend takes new weights between calls only")
         P, request = self.rollout.prompts_per_step, self.pipeline.prompts_per_request
         if request is not None and (request > P or P % request):
             raise ValueError(f"pipeline.prompts_per_request ({request}) must divide rollout.prompts_per_step ({P})")

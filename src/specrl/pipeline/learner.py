@@ -118,7 +118,8 @@ class Learner:
         self.timer = StageTimer()
         self.spec_total = SpecStats()
         self.generated_tokens, self.generation_seconds = 0, 0.0
-        self.staleness_total: Counter[int] = Counter()
+        self.staleness_total: Counter[int] = Counter()  # trained groups by staleness (their oldest token's)
+        self.token_staleness_total: Counter[int] = Counter()  # trained tokens by their own staleness
         self.history: list[dict] = []
 
     def _claim_run_dir(self) -> None:
@@ -212,7 +213,9 @@ class Learner:
         rewards = torch.tensor([r for g in groups for r in g.rewards])
         lengths = [len(c.token_ids) for g in groups for c in g.completions]
         staleness = Counter(step - 1 - g.version for g in groups)
+        token_staleness = Counter(step - 1 - v for g in groups for c in g.completions for v in c.versions)
         self.staleness_total.update(staleness)
+        self.token_staleness_total.update(token_staleness)
         record = {
             "step": step, "policy_version": min(g.version for g in groups),
             "data_positions": [g.index for g in groups],
@@ -221,6 +224,7 @@ class Learner:
             "rollout_tokens": sum(lengths), "rollout_tokens_per_s": tokens_per_s,
             "spec": spec.as_dict(), "k_histogram": {str(k): v for k, v in k_histogram.items()},
             "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+            "token_staleness_histogram": {str(k): v for k, v in sorted(token_staleness.items())},
             "train": stats, **(extra or {}), "timing": self.timer.lap(),
         }
         record["step_seconds"] = sum(v for stage, v in record["timing"].items() if stage != "eval")
@@ -265,5 +269,7 @@ class Learner:
             "device": self.config.run.device, "precision": self.config.optim.precision,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_total.items())},
             "max_staleness_seen": max(self.staleness_total, default=0),
+            "token_staleness_mean": (sum(k * v for k, v in self.token_staleness_total.items())
+                                     / max(sum(self.token_staleness_total.values()), 1)),
             "run_dir": str(self.run_dir),
         }

@@ -46,6 +46,9 @@ class HiddenStateRecorder(CallScopedState):
             else:
                 self.records[self.live[row]].append(chunk)
 
+    def restart(self, tokens, num_tokens, params, hidden) -> None:
+        raise RuntimeError("HiddenStateRecorder: weights changed mid-call; a rollout's features would mix versions")
+
     def propose(self, context, k):
         raise RuntimeError("HiddenStateRecorder never proposes (run it with num_speculative_tokens=0)")
 

@@ -90,6 +90,9 @@ class HybridProposer:
     def observe(self, hidden, start, count, tokens) -> None:
         self.model_part.observe(hidden, start, count, tokens)
 
+    def restart(self, tokens, num_tokens, params, hidden) -> None:
+        self.model_part.restart(tokens, num_tokens, params, hidden)  # the suffix part reads tokens only
+
     def state_dict(self) -> dict:
         return {"suffix": self.suffix_part.state_dict(), "model": self.model_part.state_dict()}
 

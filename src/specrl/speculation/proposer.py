@@ -106,6 +106,13 @@ class Proposer(Protocol):
 
     def select_rows(self, rows: torch.Tensor) -> None: ...
 
+    def restart(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams,
+                hidden: dict[int, torch.Tensor]) -> None:
+        """The weights changed mid-call (an in-flight update): rebuild what was computed from the old
+        ones for the live rows. `hidden` holds the target's new states at positions
+        [0, num_tokens - 1) of every row. Drafts never change what is sampled, so this is for
+        acceptance only."""
+
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
@@ -113,9 +120,15 @@ class Proposer(Protocol):
 
 class CallScopedState:
     """`state_dict` / `load_state_dict` of a proposer whose state lives for one generate() call only
-    (and a chain-only `max_width`)."""
+    (and a chain-only `max_width`); `restart` starts it afresh on the live rows, as after the prefill."""
 
     max_width = 1
+
+    def restart(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams,
+                hidden: dict[int, torch.Tensor]) -> None:
+        self.start(tokens, num_tokens, params)
+        if hidden:
+            self.observe(hidden, torch.zeros_like(num_tokens), num_tokens - 1, tokens)
 
     def state_dict(self) -> dict:
         return {}

@@ -136,6 +136,9 @@ class SuffixProposer:
     def observe(self, hidden, start, count, tokens) -> None:
         pass  # the store is updated from the tokens at each proposal
 
+    def restart(self, tokens, num_tokens, params, hidden) -> None:
+        pass  # built from tokens alone: new weights leave it valid
+
     def _sync(self, context: ProposalContext) -> None:
         """Index whatever each live row emitted since the last call (its whole history at first)."""
         histories = context.tokens.tolist()

@@ -109,9 +109,12 @@ class VLLMBackend:
     def speculative(self) -> bool:
         return self.spec_config is not None
 
-    def generate(self, prompts: list, params: SamplingParams) -> GenerateResult:
+    def generate(self, prompts: list, params: SamplingParams, between_steps=None) -> GenerateResult:
         """Sample `params.n` responses per prompt. `spec` is this call's counter deltas; `steps` counts
         vLLM engine steps (its prefill steps included), all run with the configured K."""
+        if between_steps is not None:
+            raise ValueError("the vllm backend runs a call in one piece: weights change between calls only "
+                             "(pipeline.weight_updates=request)")
         start = time.perf_counter()
         encoded = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         for i, ids in enumerate(encoded):
