@@ -66,8 +66,8 @@ def test_vllm_drafts_with_the_saved_head_like_the_embedded_engine(target, tmp_pa
     assert all(c.versions == [1] * len(c.token_ids) for c in refitted.completions)
 
 
-def test_mtp_and_suffix_proposers_are_refused_by_vllm_with_the_reason(target):
-    for proposer, reason in (("mtp", "MTP model class"), ("suffix", "group-suffix"), ("hybrid", "hybrid")):
+def test_suffix_and_hybrid_proposers_are_refused_by_vllm_with_the_reason(target):
+    for proposer, reason in (("suffix", "group-suffix"), ("hybrid", "hybrid")):
         with pytest.raises(ValueError, match=reason):
             make_backend(BackendConfig(backend="vllm", model=str(target), proposer=proposer, draft=str(target)),
                          VLLMOptions.for_tests())

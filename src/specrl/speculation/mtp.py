@@ -14,8 +14,8 @@ architectures ["SpecrlLlamaMTP"]) and tensors under `model.layers.{L}.` as DeepS
 names them (enorm, hnorm, eh_proj, shared_head.norm, the layer's self_attn/mlp/norms), L =
 the target's layer count. The embedding and output head are the target's and are not saved.
 vLLM's `mtp` method only serves architectures that ship an MTP model class (DeepSeek-V3,
-Qwen3-Next, MiMo, GLM-4.5, ...); a Llama target has none, so vLLM cannot load this head
-without a `LlamaMTP` model class registered through a plugin.
+Qwen3-Next, MiMo, GLM-4.5, ...); a Llama target has none, so specrl's vLLM plugin registers
+one for these heads (`specrl.backends.vllm.mtp_model.SpecrlLlamaMTP`).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
              prompt's rollouts in earlier calls)
     draft    a small draft model                              draft           draft_model
     eagle3   an EAGLE-3 head on the target's hidden states    eagle3          eagle3
-    mtp      an MTP head on the target's last hidden state    mtp             (refused)
+    mtp      an MTP head on the target's last hidden state    mtp             mtp (specrl's model class)
     hybrid   per step, a model draft or the suffix draft      its model part  (refused)
 
 `none` (no speculation) is not a proposer; `PROPOSER_CHOICES` adds it for configs and CLIs.
@@ -71,9 +71,7 @@ KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (
     ProposerKind("eagle3", "an EAGLE-3 head on the target's low, middle and high hidden states",
                  _head_proposer("eagle3"), checkpoint="eagle3", head=Eagle3Head, vllm_method="eagle3"),
     ProposerKind("mtp", "a DeepSeek-V3-style MTP head on the target's last hidden state",
-                 _head_proposer("mtp"), checkpoint="mtp", head=MTPHead,
-                 vllm_refusal="vLLM's mtp method serves only architectures with an MTP model class "
-                              "(DeepSeek-V3, Qwen3-Next, MiMo, ...), not Llama"),
+                 _head_proposer("mtp"), checkpoint="mtp", head=MTPHead, vllm_method="mtp"),
     ProposerKind("hybrid", "per step, a model draft (hybrid_model) or the suffix draft, whichever pays more",
                  lambda s: HybridProposer(s.model_part, max_k=s.num_speculative_tokens),
                  vllm_refusal="vLLM has no hybrid proposer"),

@@ -72,6 +72,11 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
                          "CUDA (the `vllm` package on a GPU machine); this machine has none")
     memory = ({"gpu_memory_utilization": options.gpu_memory_utilization} if options.gpu_memory_utilization
               else {"kv_cache_memory_bytes": int(options.kv_cache_gb * 2**30)})
+    # an MTP head: vLLM applies the target's hf_overrides to the draft's config too, where it marks the head
+    overrides = {}
+    if spec is not None and spec["method"] == "mtp":
+        from specrl.backends.vllm.mtp_model import mark_mtp_draft
+        overrides = {"hf_overrides": mark_mtp_draft}
     return vllm.LLM(
         model=model_dir, tokenizer=model_dir, served_model_name=served_name, dtype=options.dtype,
         seed=options.seed, max_model_len=max_model_len, max_num_seqs=options.max_num_seqs, **memory,
@@ -80,7 +85,7 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
         enforce_eager=not multiprocess if options.enforce_eager is None else options.enforce_eager,
         distributed_executor_backend=None if multiprocess else "uni",
         disable_log_stats=False, logprobs_mode="processed_logprobs",
-        worker_extension_cls=refit.EXTENSION, trust_remote_code=False,
+        worker_extension_cls=refit.EXTENSION, trust_remote_code=False, **overrides,
     )
 
 
@@ -97,7 +102,7 @@ class VLLMBackend:
         require_sampling_fix(self.spec_config)
         self.policy_shapes = refit.checkpoint_shapes(self.model_dir)
         self.draft_shapes = None
-        if self.spec_config and self.spec_config.get("method") in ("draft_model", "eagle3"):  # refittable drafts
+        if self.spec_config and self.spec_config.get("method") in ("draft_model", "eagle3", "mtp"):  # refittable drafts
             self.draft_shapes = refit.checkpoint_shapes(self.spec_config["model"])
         self.served_name = f"specrl-vllm-{os.getpid()}-{id(self):x}"
         self.llm = start_engine(str(self.model_dir), self.options, self.spec_config, self.served_name,
@@ -136,7 +141,7 @@ class VLLMBackend:
         refit.check_state(policy, self.policy_shapes, "policy")
         if draft is not None:
             if self.draft_shapes is None:
-                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model or EAGLE-3 head")
+                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model, EAGLE-3 or MTP head")
             refit.check_state(draft, self.draft_shapes, "draft")
         self._rpc("specrl_reload_policy", refit.pack(refit.with_tied_head(policy)))
         if draft is not None:

@@ -9,6 +9,8 @@ from the proposer registry's `vllm_method`:
     ngram     ngram          prompt_lookup_max = ngram_max_n, prompt_lookup_min = 1
     draft     draft_model    model = the draft checkpoint, draft_sample_method
     eagle3    eagle3         model = the head's folder (specrl saves EAGLE-3 heads in vLLM's layout)
+    mtp       mtp            model = the head's folder (served by specrl's out-of-tree class,
+                             `backends/vllm/mtp_model.py`)
 
 Kinds vLLM cannot serve are refused with the registry's reason. `speculative_overrides` is
 merged on top, so any other vLLM key passes straight through. Acceptance rules that change the sampled distribution are refused unless
