@@ -325,7 +325,8 @@ class RolloutEngine:
             ids = batch.tokens[b, span].tolist()
             call.outputs[slot] = Completion(
                 prompt_index=slot // n, sample_index=slot % n, prompt_ids=batch.tokens[b, prompt].tolist(),
-                token_ids=ids, logprobs=batch.token_lp[b, span].tolist(), versions=batch.token_version[b, span].tolist(),
+                token_ids=ids, logprobs=batch.token_lp[b, span].tolist(),
+                versions=batch.token_version[b, span].tolist(),
                 finish_reason="stop" if stopped[b] else "length",
                 text=response_text(self.tokenizer, ids, call.params.stop) if self.tokenizer is not None else None)
         keep = (~done).nonzero().flatten()

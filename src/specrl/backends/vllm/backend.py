@@ -141,7 +141,8 @@ class VLLMBackend:
         refit.check_state(policy, self.policy_shapes, "policy")
         if draft is not None:
             if self.draft_shapes is None:
-                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model, EAGLE-3 or MTP head")
+                raise ValueError("draft weights were sent, but this vLLM engine runs no draft model, EAGLE-3 or MTP "
+                                 "head")
             refit.check_state(draft, self.draft_shapes, "draft")
         self._rpc("specrl_reload_policy", refit.pack(refit.with_tied_head(policy)))
         if draft is not None:
