@@ -12,9 +12,11 @@ The step's cost model, for the embedded engine (on its fast path unless `compile
     verify_cost[e]      T(B, e+1) / T(B, 1): one target pass over e+1 tokens per row (e = k drafts of a
                         chain, or w * k of a fixed tree), in units of a decode step, at the bench's
                         batch B and a mid-response context length
-    bound_speedup       tau * T(B, 1) / (T(B, k+1) + T_draft): what a step with the measured
-                        acceptance length tau, this verify cost and the proposer's measured time per
-                        step would give (k = the fixed K, else the K run most)
+    bound_speedup       tau * T(B, 1) / (T_verify + T_draft): what the speculative steps would give
+                        with the measured acceptance length tau (tokens per speculative step), the
+                        proposer's measured time per step, and T_verify the mean of T(B, 1 + w k) over
+                        the (k, tree width w) the steps ran (from the engine's per-step trace;
+                        `bound_step_mix`, `bound_verify_cost` = T_verify / T(B, 1))
     achieved_over_bound the measured speedup over that bound (below 1: exploration, k = 0 steps,
                         the draining batch and bookkeeping)
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -199,7 +202,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     base_rate, spec_rate = statistics.median(rates["base"]), statistics.median(rates["spec"])
     hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
     eager_rate = statistics.median(rates["eager"]) if rates["eager"] else None
-    costs = step_cost_model(config, base, runs["spec"], k_hist, stats, spec_rate / base_rate, prompts, max_tokens)
+    costs = step_cost_model(config, base, runs["spec"], stats, spec_rate / base_rate, prompts, max_tokens)
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
         "n": config.n,
@@ -219,7 +222,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     }
 
 
-def step_cost_model(config: RolloutBenchConfig, base, spec_runs, k_hist: dict, stats: SpecStats, speedup: float,
+def step_cost_model(config: RolloutBenchConfig, base, spec_runs, stats: SpecStats, speedup: float,
                     prompts: list[str], max_tokens: int) -> dict:
     """verify_cost, bound_speedup and achieved_over_bound (module docstring); None where the backend
     exposes no model to time (vLLM)."""
@@ -227,16 +230,16 @@ def step_cost_model(config: RolloutBenchConfig, base, spec_runs, k_hist: dict, s
     if model is None:
         return {"verify_cost": None, "decode_ms": None, "bound_speedup": None, "achieved_over_bound": None}
     prompt_len = max(len(base.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
-    tree_extra = config.k * config.tree_width if not config.adaptive and config.tree_width > 1 else None
-    extras = sorted({*range(1, config.k + 1), *([tree_extra] if tree_extra else [])})
+    mix = Counter((k, width) for r in spec_runs for _, _, k, width in r.trace if k)  # speculative steps
+    extras = sorted({*range(1, config.k + 1), *(width * k for k, width in mix)})  # a tree scores 1 + w k tokens
     measured = measure_step_costs(model, config.batch, extras, prompt_len + max_tokens // 2)
-    spec_steps = {k: n for k, n in k_hist.items() if k > 0}
-    if not spec_steps:
+    if not mix:
         return {**measured, "bound_speedup": None, "achieved_over_bound": None}
-    k = config.k if not config.adaptive else max(spec_steps, key=spec_steps.get)
-    draft_ms = 1000 * sum(r.draft_seconds for r in spec_runs) / sum(spec_steps.values())
+    steps = sum(mix.values())
+    verify = sum(n * measured["verify_cost"][str(width * k)] for (k, width), n in mix.items()) / steps
+    draft_ms = 1000 * sum(r.draft_seconds for r in spec_runs) / steps
     decode = measured["decode_ms"]
-    verify = measured["verify_cost"][str(tree_extra or k)]  # a tree's pass scores 1 + w * k tokens per row
     bound = stats.acceptance_length * decode / (verify * decode + draft_ms)
-    return {**measured, "bound_k": k, "draft_ms_per_step": draft_ms, "bound_speedup": bound,
+    return {**measured, "bound_step_mix": {f"k{k}w{width}": n for (k, width), n in sorted(mix.items())},
+            "bound_verify_cost": verify, "draft_ms_per_step": draft_ms, "bound_speedup": bound,
             "achieved_over_bound": speedup / bound}
