@@ -44,8 +44,13 @@ def test_compute_bound_verification_switches_speculation_off():
 def test_draining_batch_turns_speculation_on_once_it_pays():
     # per-token cost grows with the batch: speculation pays only at small batches
     cost = lambda b, k: 0.02 + 0.0005 * b * (k + 1)  # noqa: E731
-    chosen = run_controller(cost, acceptance=0.7, batches=list(range(128, 0, -1)))
-    assert chosen[10] == 0 and chosen[-1] == 3
+    batches = list(range(128, 0, -1))
+    chosen = run_controller(cost, acceptance=0.7, batches=batches)
+    assert chosen[:6] == [3, 3, 0, 0, 1, 2]  # exploration, once for the whole drain: k = 3 and 0 twice, 1 and 2
+    assert chosen[10] == 0
+    # below 12 rows every step speculates with k = 3, but for the one plain step that measures each new
+    # power-of-two range of the drain (its first batch: 7, 3, 1); speculative options are not re-explored
+    assert [k for b, k in zip(batches, chosen) if b <= 11] == [0 if b in (7, 3, 1) else 3 for b in range(11, 0, -1)]
 
 
 def test_a_draft_that_gets_better_is_noticed_while_speculation_is_off():

@@ -26,10 +26,14 @@ kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows str
 weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
 would overprice the k in between; each k's own offset is learned instead.
 
-Exploration: k = max_k and k = 0 are run while fewer than `min_samples` steps with
-that k have seen a batch in the current one's power-of-two range, and every k in
-between once per range. Each range of the drain is measured
-in a few steps, and one noisy step cannot decide for good. While speculation is off the
+Exploration: k = max_k and k = 0 are run until `min_samples` steps have run with each,
+and every other option (k in between, trees) once, over the controller's life, not per
+batch size. On `tiny`, where a draft's forward costs as much as the target's, re-exploring
+every option in each power-of-two range of a draining batch of 64 made most speculative
+steps exploratory (eagle3 0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted
+models carry costs across batch sizes, and every step run at a new size corrects them;
+k = 0 still runs once in each new power-of-two range, which costs nothing over plain
+decoding and anchors that range's cost. While speculation is off the
 acceptance estimate cannot move, so every `refresh_every`-th step in a row with k = 0
 runs k = max_k once: a draft that got better (or siblings that now agree) is noticed,
 at a worst-case cost of one step in `refresh_every`. Because
@@ -126,8 +130,13 @@ class SpeculationController:
         return max(self.max_width, self.fixed_width)
 
     def _unexplored(self, option: tuple[int, int], batch: int) -> bool:
+        """An option is explored until it has run `needed` steps in all (min_samples for k = 0 and
+        k = max_k, one for the others): the fitted models carry its cost to other batch ranges, and every
+        step run there corrects them. k = 0 also runs once in each new power-of-two range of the drain
+        (a plain step costs no more than plain decoding, and it anchors the range's cost)."""
         needed = self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1
-        return self.samples[option][batch.bit_length()] < needed
+        seen = self.samples[option]
+        return sum(seen.values()) < needed or (option == (0, 1) and not seen[batch.bit_length()])
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
