@@ -102,7 +102,7 @@ class VLLMBackend:
         require_sampling_fix(self.spec_config)
         self.policy_shapes = refit.checkpoint_shapes(self.model_dir)
         self.draft_shapes = None
-        if self.spec_config and self.spec_config.get("method") in ("draft_model", "eagle3", "mtp"):  # refittable drafts
+        if self.spec_config and config.draft_kind is not None:  # a draft model or head checkpoint: refittable
             self.draft_shapes = refit.checkpoint_shapes(self.spec_config["model"])
         self.served_name = f"specrl-vllm-{os.getpid()}-{id(self):x}"
         self.llm = start_engine(str(self.model_dir), self.options, self.spec_config, self.served_name,
