@@ -64,8 +64,26 @@ def test_a_draft_that_gets_better_is_noticed_while_speculation_is_off():
         k = controller.choose(8)
         chosen.append(k)
         controller.observe(8, k, cost(8, k), [round(8 * acceptance ** (i + 1)) for i in range(k)])
-    assert set(chosen[20:60]) <= {0, 3} and chosen[20:60].count(3) <= 2  # one refresh per 32 steps off
-    assert chosen[-20:] == [3] * 20
+    assert set(chosen[20:60]) <= {0, 3} and chosen[20:60].count(3) <= 2  # one refresh after 32 steps off
+    # the first refresh after the change (within the doubled wait, 64 steps) turns speculation on for good
+    noticed = next(i for i in range(60, 200) if chosen[i])
+    assert noticed <= 60 + 65 and chosen[noticed:] == [3] * (200 - noticed)
+
+
+def test_refreshes_of_a_draft_that_never_pays_grow_rarer():
+    """Every verified token costs a decoded one's time, and drafting costs more: speculation never
+    pays. After exploration, the refreshes come after 32, 64, 128, ... steps off (at most refresh_max),
+    not every 32: 6 speculative steps in 3000 instead of ~90."""
+    controller = SpeculationController(max_k=3)
+    chosen = []
+    for _ in range(3000):
+        k = controller.choose(8)
+        chosen.append(k)
+        controller.observe(8, k, 0.008 * (k + 1) + 0.004 * k, [round(8 * 0.5 ** (i + 1)) for i in range(k)])
+    refreshes = [i for i, k in enumerate(chosen) if k and i >= 6]
+    gaps = [b - a for a, b in zip(refreshes, refreshes[1:])]
+    assert gaps == [min(32 * 2 ** i, controller.refresh_max) + 1 for i in range(1, len(gaps) + 1)]
+    assert len(refreshes) == 6
 
 
 def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():

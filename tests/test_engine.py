@@ -28,6 +28,7 @@ from specrl.speculation.eagle3 import Eagle3Head
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.hybrid import HybridProposer
 from specrl.speculation.mtp import MTPHead
+from specrl.speculation.proposer import ProposalContext
 from specrl.speculation.proposer_registry import PROPOSER_NAMES
 from specrl.speculation.ngram import NgramProposer
 from specrl.speculation.suffix import SuffixProposer
@@ -217,8 +218,8 @@ def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, dr
     schedule = iter([3, 0, 2, 0, 1] * 40)
 
     class Scripted(SpeculationController):
-        def choose(self, batch: int) -> int:
-            return next(schedule)
+        def choose_step(self, batch: int) -> tuple[int, int]:
+            return next(schedule), 1
 
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     base = make_engine(target_dir).generate(PROMPTS, params)
@@ -230,6 +231,29 @@ def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, dr
     assert sum(result.k_histogram.values()) == result.steps
     spec_steps = sum(v for k, v in result.k_histogram.items() if k)
     assert 0 < result.spec.num_drafts <= 3 * spec_steps  # at most 3 live rows per speculative step
+
+
+def test_the_draft_models_prefill_waits_for_a_proposal_and_equals_one_on_the_repeated_rows(target_dir, draft_dir):
+    """2 prompts x n = 2 rows, one retiring before any draft: the draft runs nothing until the proposal,
+    and then drafts what a draft given the surviving rows from the start drafts."""
+    model = LlamaModel.from_pretrained(draft_dir)
+    calls = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    L, group, keep = 6, torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 3])
+    ids = torch.randint(0, 40, (4, L + 3), generator=torch.Generator().manual_seed(5))
+    ids[1, :L], ids[3, :L] = ids[0, :L], ids[2, :L]  # rows of a group share their prompt
+    params = SamplingParams(temperature=0)
+    context = ProposalContext(ids[keep], torch.full((3,), L + 3), params, None, 40, groups=group[keep])
+    lazy = DraftModelProposer(model, 40)
+    lazy.start(ids[[0, 2]], torch.tensor([L, L]), params)
+    lazy.select_rows(group)
+    lazy.select_rows(keep)
+    assert not calls
+    got = lazy.propose(context, 3)
+    direct = DraftModelProposer(model, 40)
+    direct.start(ids[keep], torch.full((3,), L), params)
+    assert torch.equal(got.tokens, direct.propose(context, 3).tokens)
 
 
 def test_stop_string_cuts_the_text_and_ends_the_response():

@@ -21,6 +21,7 @@ from specrl.engine.model import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.head_layer import chain_mask
 from specrl.speculation.head_proposer import HeadProposer
+from specrl.speculation.proposer import ProposalContext
 from specrl.speculation.proposer_registry import load_head
 
 
@@ -54,6 +55,47 @@ def test_training_pass_equals_cached_drafting_element_by_element(target_dir, kin
                 feature = head.forward_cached(feature.unsqueeze(1), ids[:, e + j + 1].view(1, 1), cache)[:, 0]
                 cache.lens += 1
             assert torch.allclose(head.logits(feature), head.logits(g_train[j][:, e + j]), atol=1e-4), (e, j)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+@torch.inference_mode()
+def test_the_prompts_catch_up_waits_for_a_proposal_and_equals_one_on_the_repeated_rows(target_dir, kind):
+    """The engine's lifecycle on 2 prompts x n = 2 rows: prefill states, the repeat, a decode step, a row
+    retiring. The head runs nothing until the proposal, and then drafts what a proposer given the
+    repeated rows from the start drafts (greedy tokens, and the anchor state they come from)."""
+    target = LlamaModel.from_pretrained(target_dir)
+    head = make_head(kind, target)
+    L, group, keep = 6, torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 3])
+    ids = torch.randint(0, 40, (4, L + 2), generator=torch.Generator().manual_seed(5))
+    ids[1, :L], ids[3, :L] = ids[0, :L], ids[2, :L]  # rows of a group share their prompt
+    _, hidden = target.forward(ids, target.new_cache(4, L + 2), hidden_layers=head.hidden_layers)
+    prompt = {l: h[:, :L - 1] for l, h in hidden.items()}  # the prefill: every prompt token but the last
+    step = {l: h[:, L - 1:L + 1] for l, h in hidden.items()}  # one decode step verifying two tokens per row
+    params = SamplingParams(temperature=0)
+    context = ProposalContext(ids[keep], torch.full((3,), L + 2), params, None, 40, groups=group[keep])
+
+    calls = []
+    forward = head.forward_cached
+    head.forward_cached = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    lazy = HeadProposer(head)
+    lazy.start(ids[[0, 2]], torch.tensor([L, L]), params)
+    lazy.observe({l: h[[0, 2]] for l, h in prompt.items()}, torch.tensor([0, 0]), torch.tensor([L - 1, L - 1]),
+                 ids[[0, 2]])
+    lazy.select_rows(group)
+    lazy.observe(step, torch.full((4,), L - 1), torch.full((4,), 2), ids)
+    lazy.select_rows(keep)
+    assert not calls  # no draft yet: the head has not run
+    got = lazy.propose(context, 3)
+
+    eager = HeadProposer(head)  # the repeated rows from the start: no repeat, nothing deferred
+    eager.start(ids, torch.full((4,), L), params)
+    eager.observe(prompt, torch.zeros(4, dtype=torch.long), torch.full((4,), L - 1), ids)
+    eager.observe(step, torch.full((4,), L - 1), torch.full((4,), 2), ids)
+    eager.select_rows(keep)
+    want = eager.propose(context, 3)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.allclose(lazy.feature, eager.feature, atol=1e-5)
+    assert torch.equal(lazy.cache.lens, eager.cache.lens)
 
 
 def test_recorder_collects_the_hidden_states_of_a_teacher_forced_forward(target_dir):

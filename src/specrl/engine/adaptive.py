@@ -34,9 +34,13 @@ steps exploratory (eagle3 0.62x; 0.78-0.87x without; docs/benchmarks.md). The fi
 models carry costs across batch sizes, and every step run at a new size corrects them;
 k = 0 still runs once in each new power-of-two range, which costs nothing over plain
 decoding and anchors that range's cost. While speculation is off the
-acceptance estimate cannot move, so every `refresh_every`-th step in a row with k = 0
-runs k = max_k once: a draft that got better (or siblings that now agree) is noticed,
-at a worst-case cost of one step in `refresh_every`. Because
+acceptance estimate cannot move, so after `refresh_every` steps in a row with k = 0 a step
+runs k = max_k once (a refresh): a draft that got better (or siblings that now agree) is
+noticed. A refresh moves the acceptance estimate by `refresh_weight`, not `smoothing`, so one
+refresh is enough to notice. Each refresh that leaves speculation off doubles the wait for the
+next, up to `refresh_max` steps; speculating again resets it. So a draft that never pays costs
+a refresh per `refresh_every` steps at first and ever fewer later (on `tiny`, where a refresh
+step costs 3-4 plain steps, one per 32 cost ~10%). Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
 than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
 costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
@@ -81,23 +85,38 @@ def draft_features(batch: int, k: int, width: int = 1) -> np.ndarray:
 
 
 class StepTimeModel:
-    """Least squares fit of a time on `features(B, k)`, forgetting old steps by `decay`."""
+    """Least squares fit of a time on `features(B, k)`, forgetting old steps by `decay`.
+
+    The fit is solved once after each `add`, when first needed, not per prediction: the controller
+    prices every option on every step, and on a model whose step takes a millisecond a solve per
+    option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md)."""
 
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
         self.decay, self.ridge, self.features = decay, ridge, features
         n = len(features(1, 1))
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
+        self._theta: np.ndarray | None = None
 
     def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
         x = self.features(batch, k, width)
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
+        self._theta = None
+
+    @property
+    def theta(self) -> np.ndarray:
+        if self._theta is None:
+            scale = np.trace(self.xtx) or 1.0
+            self._theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(len(self.xty)), self.xty)
+        return self._theta
 
     def predict(self, batch: int, k: int, width: int = 1) -> float:
-        scale = np.trace(self.xtx) or 1.0
-        theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(len(self.xty)), self.xty)
-        return max(float(self.features(batch, k, width) @ theta), 0.0)
+        return max(float(self.features(batch, k, width) @ self.theta), 0.0)
+
+    def predict_rows(self, features: np.ndarray) -> np.ndarray:
+        """Predictions for the rows of a feature matrix (one row per option)."""
+        return np.maximum(features @ self.theta, 0.0)
 
 
 @dataclass
@@ -108,6 +127,8 @@ class SpeculationController:
     prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
     min_samples: int = 2  # steps with k = 0 and k = max_k per batch range before the model is trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
+    refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
+    refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
@@ -123,6 +144,9 @@ class SpeculationController:
         self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
         self.tree_prefix = {w: list(self.accept_prefix) for w in range(2, max(self.max_width, self.fixed_width) + 1)}
         self.off_streak = 0  # consecutive steps run with k = 0
+        self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
+        self.refreshing = False  # the step just chosen is a refresh
+        self._option_rows: dict[int, tuple] = {}  # batch -> `_priced_options`
 
     @property
     def widest(self) -> int:
@@ -146,16 +170,31 @@ class SpeculationController:
         """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding."""
         if not self.adaptive or self.max_k == 0:
             return self.max_k, self.fixed_width
-        allowed = [o for o in self.options if self._allowed(o, batch)]
+        allowed, verify_x, draft_x = self._priced_options(batch)
         ordered = [(self.max_k, 1), (0, 1)] + [o for o in allowed if o not in ((self.max_k, 1), (0, 1))]
         for option in ordered:
             if self._unexplored(option, batch):
                 return option
-        if self.off_streak >= self.refresh_every:
+        if self.off_streak >= self.refresh_wait:
+            self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
+            self.refreshing = True
             return self.max_k, 1
-        rate = {o: self.expected(*o) / self.step_seconds(batch, *o) for o in allowed}
-        best = max(allowed, key=rate.get)
-        return best if rate[best] >= self.min_gain * rate[(0, 1)] else (0, 1)
+        seconds = np.maximum(self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x), 1e-9)
+        rate = np.array([self.expected(*o) for o in allowed]) / seconds
+        best = int(rate.argmax())  # allowed[0] is (0, 1), plain decoding
+        if rate[best] < self.min_gain * rate[0]:
+            return 0, 1
+        self.refresh_wait = self.refresh_every
+        return allowed[best]
+
+    def _priced_options(self, batch: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+        """The options allowed at this batch size and their verify and draft feature rows, built once
+        per size (a drain revisits each)."""
+        if batch not in self._option_rows:
+            allowed = [o for o in self.options if self._allowed(o, batch)]
+            self._option_rows[batch] = (allowed, np.stack([self.verify_times.features(batch, *o) for o in allowed]),
+                                        np.stack([self.draft_times.features(batch, *o) for o in allowed]))
+        return self._option_rows[batch]
 
     def choose(self, batch: int) -> int:
         """The chain K for a step over `batch` rows (a controller without trees)."""
@@ -163,10 +202,6 @@ class SpeculationController:
 
     def expected(self, k: int, width: int = 1) -> float:
         return expected_tokens(k, self.accept_prefix if width == 1 else self.tree_prefix[width])
-
-    def step_seconds(self, batch: int, k: int, width: int = 1) -> float:
-        """Predicted wall time of a step with k drafts (per branch) over `batch` rows."""
-        return max(self.verify_times.predict(batch, k, width) + self.draft_times.predict(batch, k, width), 1e-9)
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
                 draft_seconds: float = 0.0, width: int = 1) -> None:
@@ -177,6 +212,7 @@ class SpeculationController:
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         self.samples[(k, width)][batch.bit_length()] += 1
         prefix = self.accept_prefix if width == 1 else self.tree_prefix[width]
-        w = self.smoothing
+        w = self.refresh_weight if self.refreshing else self.smoothing
+        self.refreshing = False
         for i, count in enumerate(accepted_per_pos):
             prefix[i] = (1 - w) * prefix[i] + w * count / batch
