@@ -125,7 +125,7 @@ class SpeculationController:
     adaptive: bool = True  # False: always max_k (as a chain)
     smoothing: float = 0.1  # weight of the newest step in the acceptance moving averages
     prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
-    min_samples: int = 2  # steps with k = 0 and k = max_k per batch range before the model is trusted
+    min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the model is trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
