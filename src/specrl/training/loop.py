@@ -3,7 +3,9 @@ distillation, head training.
 
 AdamW (betas 0.9, 0.95), linear warm-up over `warmup` steps then cosine decay to lr / 10,
 gradient norm clipped at 1. It stops after `steps` optimiser steps or `seconds` of wall
-time, whichever comes first, and shows a progress bar with the recent mean loss.
+time, whichever comes first, and the cosine follows the same budget: its progress is the
+larger of the step and the time fraction, so a run that its time ends still anneals to
+lr / 10 instead of stopping near the peak. It shows a progress bar with the recent mean loss.
 `shuffled_batches` feeds it shuffled passes over a dataset in micro-batches.
 """
 from __future__ import annotations
@@ -16,11 +18,12 @@ import torch
 from tqdm import tqdm
 
 
-def learning_rate(step: int, lr: float, warmup: int, steps: int) -> float:
-    """Linear warm-up to `lr` over `warmup` steps, then cosine to lr / 10 at step `steps`."""
+def learning_rate(step: int, lr: float, warmup: int, steps: int, time_fraction: float = 0.0) -> float:
+    """Linear warm-up to `lr` over `warmup` steps, then cosine to lr / 10 at step `steps` or when
+    `time_fraction` (elapsed / time budget) reaches 1, whichever comes first."""
     if step < warmup:
         return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(steps - warmup, 1)
+    progress = max((step - warmup) / max(steps - warmup, 1), time_fraction)
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
@@ -39,9 +42,9 @@ def fit(params: list[torch.Tensor], loss_fn: Callable[[int], torch.Tensor], step
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     start, recent, step = time.perf_counter(), [], 0
     bar = tqdm(total=steps, desc=desc, unit="step", dynamic_ncols=True)
-    while step < steps and time.perf_counter() - start < seconds:
+    while step < steps and (elapsed := time.perf_counter() - start) < seconds:
         for group in opt.param_groups:
-            group["lr"] = learning_rate(step, lr, warmup, steps)
+            group["lr"] = learning_rate(step, lr, warmup, steps, elapsed / seconds)
         loss = loss_fn(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
