@@ -4,7 +4,7 @@ distillation, head training.
 AdamW (betas 0.9, 0.95), linear warm-up over `warmup` steps then cosine decay to lr / 10,
 gradient norm clipped at 1. It stops after `steps` optimiser steps or `seconds` of wall
 time, whichever comes first, and the cosine follows the same budget: its progress is the
-larger of the step and the time fraction, so a run that its time ends still anneals to
+larger of the step and the time fraction, so a run whose time runs out first still anneals to
 lr / 10 instead of stopping near the peak. It shows a progress bar with the recent mean loss.
 `shuffled_batches` feeds it shuffled passes over a dataset in micro-batches.
 """
