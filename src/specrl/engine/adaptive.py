@@ -112,7 +112,7 @@ class StepTimeModel:
         return self._theta
 
     def predict(self, batch: int, k: int, width: int = 1) -> float:
-        return max(float(self.features(batch, k, width) @ self.theta), 0.0)
+        return float(self.predict_rows(self.features(batch, k, width)[None])[0])
 
     def predict_rows(self, features: np.ndarray) -> np.ndarray:
         """Predictions for the rows of a feature matrix (one row per option)."""
