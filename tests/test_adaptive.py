@@ -1,4 +1,6 @@
 """The adaptive-K controller on synthetic step times."""
+import numpy as np
+
 from specrl.engine.adaptive import SpeculationController, StepTimeModel, expected_tokens
 
 
@@ -143,3 +145,37 @@ def test_a_predicted_gain_below_min_gain_keeps_speculation_off():
         cost = {0: 0.040, 1: 0.060 / gain}  # rate(1) / rate(0) = 1.5 * 0.040 / (0.060 / gain) = gain
         chosen = run_controller(lambda b, k: cost[k], acceptance=acceptance, batches=[4] * 32, max_k=1)
         assert chosen[-8:] == [expected] * 8  # once the acceptance average has left its prior (0.7)
+
+
+def test_acceptance_is_estimated_per_position_given_the_positions_before():
+    """Conditional acceptance from counts: 8 rows, 6 accept position 0, 3 of those position 1. A later
+    step that drafts only position 0 and finds it worse lowers the deeper prefix with it."""
+    from specrl.speculation.acceptance import AcceptanceEstimate
+
+    estimate = AcceptanceEstimate(2, prior=0.7, smoothing=0.1)  # no prior weight: replaced by the first step
+    estimate.observe_accepted_prefix(8, [6, 3])
+    assert estimate.prefix == [0.75, 0.375]
+    estimate.observe_accepted_prefix(8, [2])  # k = 1: position 1 is not drafted
+    first = (0.9 * 6 + 2) / (0.9 * 8 + 8)
+    assert abs(estimate.prefix[0] - first) < 1e-12 and abs(estimate.prefix[1] - first * 0.5) < 1e-12
+    estimate.observe_accepted_prefix(4, [4, 0], weight=0.5)  # a refresh weighs half of each position
+    assert abs(estimate.prefix[0] - (0.5 * first + 0.5)) < 1e-12
+
+
+def test_acceptance_is_kept_apart_per_sampling_setting():
+    """A greedy call's acceptance (every draft taken) does not carry into a temperature-1 call, whose
+    drafts are mostly rejected: the controller returns to plain decoding there without waiting for the
+    greedy estimate to decay, and finds the greedy estimate intact when greedy calls come back."""
+    cost = lambda b, k: 0.040 + 0.012 * k  # noqa: E731  tau(3) = 4 pays at once; 1.2 does not
+    controller = SpeculationController(max_k=3)
+    saved = {}
+    for setting, acceptance in (("greedy", 1.0), ("temperature 1", 0.2), ("greedy", 1.0)):
+        controller.use_sampling(setting)
+        assert controller.acceptance[1].prefix == saved.get(setting, list(np.cumprod([0.7] * 3)))
+        chosen = []
+        for _ in range(12):
+            k = controller.choose(4)
+            chosen.append(k)
+            controller.observe(4, k, cost(4, k), [round(4 * acceptance ** (i + 1)) for i in range(k)])
+        assert chosen[-6:] == ([3] * 6 if acceptance == 1.0 else [0] * 6), (setting, chosen)
+        saved[setting] = controller.acceptance[1].prefix

@@ -12,14 +12,17 @@ from specrl.sampling import SamplingParams
 from specrl.speculation.head_proposer import HeadProposer
 
 
-def test_acceptance_estimate_counts_leading_matches_of_known_tokens():
-    from specrl.speculation.hybrid import AcceptanceEstimate
+def test_drafts_are_scored_by_their_leading_matches_with_the_known_emitted_tokens():
+    from specrl.speculation.acceptance import AcceptanceEstimate
+    from specrl.speculation.hybrid import observe_matches
 
     estimate = AcceptanceEstimate(3, prior=0.5, smoothing=0.1)
-    estimate.update(torch.tensor([[1, 2, 3], [1, 5, 3]]), torch.tensor([[1, 2, 9], [1, 2, 3]]), torch.tensor([3, 1]))
+    observe_matches(estimate, torch.tensor([[1, 2, 3], [1, 5, 3]]), torch.tensor([[1, 2, 9], [1, 2, 3]]),
+                    torch.tensor([3, 1]))
     assert estimate.prefix == [1.0, 1.0, 0.0]  # the first observation replaces the prior
-    estimate.update(torch.tensor([[4, 4, 4]]), torch.tensor([[0, 0, 0]]), torch.tensor([3]))
-    assert estimate.prefix == [0.5, 0.5, 0.0]  # the second is averaged with it
+    observe_matches(estimate, torch.tensor([[4, 4, 4]]), torch.tensor([[0, 0, 0]]), torch.tensor([3]))
+    # position 0: 2 of 2 matched, forgotten by 0.9, then 0 of 1; deeper positions saw no trials
+    assert abs(estimate.prefix[0] - 1.8 / 2.8) < 1e-12 and estimate.prefix[1:] == [estimate.prefix[0], 0.0]
 
 
 def test_hybrid_picks_the_part_with_more_tokens_per_second(target_dir):

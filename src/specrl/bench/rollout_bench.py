@@ -2,7 +2,10 @@
 
 Each round runs the same prompts through every variant, in turn, with the same
 seed; tokens per second are the generated tokens over the wall time of the call,
-and the reported figure is the median over rounds (these machines are noisy).
+and the reported figure is the median over rounds (these machines are noisy;
+`speedup_per_round` shows the spread). At temperature 1 the two variants sample different
+responses, so their lengths differ and so does how the batch drains: at small batches that is
+part of the spread (`mean_response_tokens` and `mean_response_tokens_spec`).
 A temperature-0 run with and without speculation checks exactness token for token;
 at temperature 1 the mean logprob of the sampled tokens must agree within noise
 (`logprob_z`: a two-sample z-score over per-sequence means).
@@ -209,6 +212,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
         "rounds": config.rounds, "threads": torch.get_num_threads(),
         "tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,
+        "speedup_per_round": [s / b for b, s in zip(rates["base"], rates["spec"])],
         "tokens_per_s_hf": hf_rate, "base_vs_hf": base_rate / hf_rate if hf_rate else None,
         "tokens_per_s_eager": eager_rate, "fast_vs_eager": base_rate / eager_rate if eager_rate else None,
         "acceptance_length": stats.acceptance_length, "acceptance_rate": stats.acceptance_rate,
@@ -219,6 +223,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
         "logprob_z": logprob_z(runs["base"], runs["spec"]), **costs,
         "mean_response_tokens": statistics.mean(len(c.token_ids) for r in runs["base"] for c in r.completions),
+        "mean_response_tokens_spec": statistics.mean(len(c.token_ids) for r in runs["spec"] for c in r.completions),
     }
 
 

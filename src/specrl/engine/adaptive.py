@@ -19,7 +19,12 @@ step run so far, by least squares with exponential forgetting (recent steps weig
 
 (when no proposer time is reported, verify absorbs it through its k terms). A rollout drains
 through many batch sizes, so steps at one size inform the others.
-P(first i+1 accepted) is the measured per-position acceptance, a moving average.
+P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
+the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
+each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
+often than temperature-1 ones, and a benchmark's or an evaluation's greedy call must not leave its
+acceptance to the RL calls after it. The engine names the setting of each call (`use_sampling`); a new
+setting starts at the prior.
 
 The verify model also carries one indicator per k strictly between 0 and max_k: matmul
 kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
@@ -53,6 +58,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+
+from specrl.speculation.acceptance import AcceptanceEstimate
 
 
 def expected_tokens(k: int, accept_prefix: list[float]) -> float:
@@ -123,8 +130,9 @@ class StepTimeModel:
 class SpeculationController:
     max_k: int  # largest K tried
     adaptive: bool = True  # False: always max_k (as a chain)
-    smoothing: float = 0.1  # weight of the newest step in the acceptance moving averages
-    prior_acceptance: float = 0.7  # per-token acceptance assumed before any draft is verified
+    smoothing: float = 0.1  # each step forgets this share of the acceptance counts before adding its own
+    prior_acceptance: float = 0.7  # per-position acceptance assumed before any draft is verified
+    prior_rows: float = 4.0  # the prior weighs as much as this many observed rows
     min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the model is trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
@@ -141,12 +149,21 @@ class SpeculationController:
         self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
-        self.accept_prefix = [self.prior_acceptance ** (i + 1) for i in range(self.max_k)]
-        self.tree_prefix = {w: list(self.accept_prefix) for w in range(2, max(self.max_width, self.fixed_width) + 1)}
+        self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
+        self.use_sampling(None)
         self.off_streak = 0  # consecutive steps run with k = 0
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
         self._option_rows: dict[int, tuple] = {}  # batch -> `_priced_options`
+
+    def use_sampling(self, setting) -> None:
+        """Estimate acceptance apart for this sampling setting (any hashable, e.g. (temperature, top_p,
+        top_k)) from here on; a setting not seen before starts at the prior."""
+        if setting not in self.acceptance_by_sampling:
+            self.acceptance_by_sampling[setting] = {
+                w: AcceptanceEstimate(self.max_k, self.prior_acceptance, self.smoothing, self.prior_rows)
+                for w in range(1, self.widest + 1)}
+        self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
 
     @property
     def widest(self) -> int:
@@ -201,7 +218,7 @@ class SpeculationController:
         return self.choose_step(batch)[0]
 
     def expected(self, k: int, width: int = 1) -> float:
-        return expected_tokens(k, self.accept_prefix if width == 1 else self.tree_prefix[width])
+        return expected_tokens(k, self.acceptance[width].prefix)
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
                 draft_seconds: float = 0.0, width: int = 1) -> None:
@@ -211,8 +228,7 @@ class SpeculationController:
         self.draft_times.add(batch, k, draft_seconds, width)
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         self.samples[(k, width)][batch.bit_length()] += 1
-        prefix = self.accept_prefix if width == 1 else self.tree_prefix[width]
-        w = self.refresh_weight if self.refreshing else self.smoothing
+        if k:
+            self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
+                                                           self.refresh_weight if self.refreshing else None)
         self.refreshing = False
-        for i, count in enumerate(accepted_per_pos):
-            prefix[i] = (1 - w) * prefix[i] + w * count / batch

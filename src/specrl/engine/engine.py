@@ -150,6 +150,7 @@ class RolloutEngine:
         start = time.perf_counter()
         prompts = encode_prompts(prompts, self.tokenizer, self.model.cfg.vocab_size)
         self._check_context(prompts, params)
+        self.controller.use_sampling((params.temperature, params.top_p, params.top_k))
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model.cfg.eos_token_ids))
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(self.tokenizer.eos_token_id)

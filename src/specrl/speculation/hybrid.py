@@ -28,35 +28,23 @@ import time
 import torch
 
 from specrl.sampling import SamplingParams
+from specrl.speculation.acceptance import AcceptanceEstimate
 from specrl.speculation.proposer import Proposal, ProposalContext, one_hot_proposal
 from specrl.speculation.suffix import SuffixProposer
 
 
-class AcceptanceEstimate:
-    """P(drafts 0..j all accepted) per position j: a moving average of observed leading matches,
-    bias-corrected (the first observations are averaged plainly, so the prior fades at once)."""
+def observe_matches(estimate: AcceptanceEstimate, drafts: torch.Tensor, emitted: torch.Tensor,
+                    known: torch.Tensor) -> None:
+    """Score drafts [B, k] against the tokens emitted after them [B, k], of which a row's first `known`
+    [B] exist: position j's trials are the rows that matched 0..j-1 and have a token at j.
 
-    def __init__(self, k: int, prior: float, smoothing: float):
-        self.prefix = [prior ** (j + 1) for j in range(k)]
-        self.seen = [0] * k
-        self.smoothing = smoothing
-
-    def expected(self, k: int) -> float:
-        return sum(self.prefix[:k])
-
-    def update(self, drafts: torch.Tensor, emitted: torch.Tensor, known: torch.Tensor) -> None:
-        """drafts [B, k]; emitted [B, k] the tokens that followed; known [B] how many of them exist.
-
-        Example: drafts [[1, 2, 3], [1, 5, 3]], emitted [[1, 2, 9], [1, 2, 3]], known [3, 1]
-            -> position 0 saw 2 rows, both matched (1.0); position 1 saw row 0 (1.0); position 2 row 0 (0.0).
-        """
-        matches = (drafts == emitted).long().cumprod(1)  # [B, k] 1 while all drafts so far matched
-        for j in range(drafts.shape[1]):
-            seen = known > j
-            if seen.any():
-                self.seen[j] += 1
-                weight = max(self.smoothing, 1.0 / self.seen[j])
-                self.prefix[j] += weight * (float(matches[seen, j].float().mean()) - self.prefix[j])
+    Example: drafts [[1, 2, 3], [1, 5, 3]], emitted [[1, 2, 9], [1, 2, 3]], known [3, 1]
+        -> position 0: 2 trials, 2 matched; position 1: row 0, matched; position 2: row 0, not matched.
+    """
+    matches = (drafts == emitted).long().cumprod(1)  # [B, k] 1 while all drafts so far matched
+    reached = torch.cat([torch.ones_like(matches[:, :1]), matches[:, :-1]], dim=1)
+    seen = known.unsqueeze(1) > torch.arange(drafts.shape[1])  # [B, k]
+    estimate.observe((reached * seen).sum(0).tolist(), (matches * seen).sum(0).tolist())
 
 
 class HybridProposer:
@@ -109,7 +97,7 @@ class HybridProposer:
         emitted = context.tokens.gather(1, columns)
         known = (context.num_tokens - self.pending_start).clamp(0, k)
         for part, drafts, scored in self.pending:
-            self.estimates[part].update(drafts, emitted, torch.where(scored, known, 0))
+            observe_matches(self.estimates[part], drafts, emitted, torch.where(scored, known, 0))
         self.pending, self.pending_start = [], None
 
     def _timed(self, part: str, call):

@@ -1,0 +1,61 @@
+"""Per-position acceptance of a draft, estimated from counts.
+
+    c_j = P(draft j accepted | drafts 0..j-1 accepted)      conditional acceptance at position j
+    prefix[j] = P(drafts 0..j all accepted) = c_0 c_1 ... c_j
+
+Each c_j is a ratio of decayed counts: the rows that reached position j (its trials) and those of
+them that accepted it. An observation adds its counts and first forgets the old ones by
+`1 - smoothing`, so a step weighs in proportion to the rows it saw, and the last ~1/smoothing
+observations dominate.
+
+Estimating conditionals, not the prefix itself, matters when deeper positions are drafted less
+often than shallow ones (an adaptive K that mostly drafts one token): position j is updated only by
+observations that reached it, but its prefix moves with every position before it. When the first
+position's acceptance falls (a new temperature, a policy that drifted), the deeper prefixes fall
+with it instead of keeping their old values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class AcceptanceEstimate:
+    def __init__(self, depth: int, prior: float, smoothing: float = 0.1, prior_trials: float = 0.0):
+        """`prior`: the conditional acceptance assumed at every position before any observation, held
+        with the weight of `prior_trials` rows (0: the first observation of a position replaces it)."""
+        self.prior, self.smoothing = prior, smoothing
+        self.trials = np.full(depth, float(prior_trials))
+        self.accepted = self.trials * prior
+        self._update_prefix()
+
+    def _update_prefix(self) -> None:
+        seen = self.trials > 0
+        conditional = np.where(seen, self.accepted / np.where(seen, self.trials, 1.0), self.prior)
+        self.prefix = np.cumprod(conditional).tolist()
+
+    def expected(self, k: int) -> float:
+        """Expected accepted drafts among the first k: sum of prefix[:k]."""
+        return float(sum(self.prefix[:k]))
+
+    def observe(self, trials, accepted, weight: float | None = None) -> None:
+        """Add one observation: per position j, `trials[j]` rows reached it (their drafts 0..j-1 were
+        accepted) and `accepted[j]` of them accepted draft j. Positions with no trials are left as they
+        are. `weight`: give this observation that share of each position's estimate instead (a
+        one-off re-measurement that must be noticed at once)."""
+        for j, (t, a) in enumerate(zip(trials, accepted)):
+            if t <= 0:
+                continue
+            if weight is None:
+                keep = 1.0 - self.smoothing
+            else:
+                keep = min(1.0, t * (1.0 - weight) / (weight * self.trials[j])) if self.trials[j] > 0 else 0.0
+            self.trials[j] = keep * self.trials[j] + t
+            self.accepted[j] = keep * self.accepted[j] + a
+        self._update_prefix()
+
+    def observe_accepted_prefix(self, rows: int, accepted_per_pos, weight: float | None = None) -> None:
+        """One step over `rows` rows, given per position j how many rows accepted drafts 0..j (the
+        engine's count along each row's accepted path): the rows that reached j are those that accepted
+        through j - 1."""
+        accepted = list(accepted_per_pos)
+        self.observe([rows] + accepted[:-1], accepted, weight)
