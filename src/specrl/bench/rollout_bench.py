@@ -5,7 +5,8 @@ seed; tokens per second are the generated tokens over the wall time of the call,
 and the reported figure is the median over rounds (these machines are noisy;
 `speedup_per_round` shows the spread). At temperature 1 the two variants sample different
 responses, so their lengths differ and so does how the batch drains: at small batches that is
-part of the spread (`mean_response_tokens` and `mean_response_tokens_spec`).
+part of the spread (`mean_response_tokens` and `mean_response_tokens_spec`); `ignore_eos` takes it
+out, each row generating max_tokens.
 A temperature-0 run with and without speculation checks exactness token for token;
 at temperature 1 the mean logprob of the sampled tokens must agree within noise
 (`logprob_z`: a two-sample z-score over per-sequence means).
@@ -61,6 +62,9 @@ class RolloutBenchConfig:
     tree_width: int = within(1, "[1, inf)")  # with adaptive=False: the tree width of every step (1 = a chain)
     max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
     temperature: float = within(1.0, "[0, inf)")
+    # every row generates max_tokens, past EOS: both variants time the same token count over a batch that does
+    # not drain (at temperature 1 they sample different responses, whose lengths otherwise differ)
+    ignore_eos: bool = False
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
     hf: bool = True  # also time transformers generate
     compile: bool = True  # the engine's fast path (specrl's small-row kernel); False = eager PyTorch
@@ -91,11 +95,13 @@ class HFGenerate:
             torch.manual_seed(params.seed)
         start = time.perf_counter()
         sample = {"do_sample": True, "temperature": params.temperature, "top_k": 0} if params.temperature else {"do_sample": False}
+        if params.ignore_eos:
+            sample["min_new_tokens"] = params.max_tokens
         out = self.model.generate(ids, attention_mask=mask, max_new_tokens=params.max_tokens, pad_token_id=self.pad,
                                   eos_token_id=self.tokenizer.eos_token_id, **sample)
         seconds = time.perf_counter() - start
         new = out[:, width:]
-        eos = self.tokenizer.eos_token_id
+        eos = None if params.ignore_eos else self.tokenizer.eos_token_id
         lengths = [(row.tolist().index(eos) + 1) if eos in row.tolist() else len(row) for row in new]
         return sum(lengths) / seconds
 
@@ -171,19 +177,19 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         if config.eager_baseline and config.compile else None
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
 
-    greedy = SamplingParams(n=config.n, temperature=0, max_tokens=config.max_tokens)
+    greedy = SamplingParams(n=config.n, temperature=0, max_tokens=config.max_tokens, ignore_eos=config.ignore_eos)
     greedy_base, greedy_spec = base.generate(prompts, greedy), spec.generate(prompts, greedy)
     greedy_match = all(a.token_ids == b.token_ids for a, b in zip(greedy_base.completions, greedy_spec.completions))
 
     warm = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
-                          seed=config.seed)
+                          seed=config.seed, ignore_eos=config.ignore_eos)
     spec.generate(prompts, warm)  # lets the adaptive controller explore before timing
     rates = {"base": [], "spec": [], "hf": [], "eager": []}
     runs = {"base": [], "spec": [], "eager": []}
     variants = (("base", base), ("spec", spec)) + ((("eager", eager),) if eager is not None else ())
     for r in range(config.rounds):
         params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
-                                seed=config.seed + 1 + r)
+                                seed=config.seed + 1 + r, ignore_eos=config.ignore_eos)
         for name, backend in variants:
             result = backend.generate(prompts, params)
             runs[name].append(result)

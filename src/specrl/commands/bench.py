@@ -36,6 +36,9 @@ def register(subparsers) -> None:
                    help="run the embedded engine eager (PyTorch/MKL) instead of its fast path")
     p.add_argument("--eager-baseline", action="store_true",
                    help="also time decoding on the eager path, alternating, and report fast_vs_eager")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every row generates --max-tokens, past EOS: both variants time the same token count at a "
+                        "batch that does not drain (at temperature 1 their responses, and so their lengths, differ)")
     _add_sampling_flags(p, d)
     p.set_defaults(func=run)
 
@@ -102,7 +105,7 @@ def run(args) -> dict:
     config = RolloutBenchConfig(
         model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
         k=args.k, adaptive=not args.fixed_k, tree_width=args.tree_width, max_tokens=args.max_tokens,
-        temperature=args.temperature,
+        temperature=args.temperature, ignore_eos=args.ignore_eos,
         rounds=args.rounds, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
         seed=args.seed,
     )

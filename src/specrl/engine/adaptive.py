@@ -132,7 +132,8 @@ class SpeculationController:
     adaptive: bool = True  # False: always max_k (as a chain)
     smoothing: float = 0.1  # each step forgets this share of the acceptance counts before adding its own
     prior_acceptance: float = 0.7  # per-position acceptance assumed before any draft is verified
-    prior_rows: float = 4.0  # the prior weighs as much as this many observed rows
+    prior_rows: float = 10.0  # the prior weighs as much as this many observed rows (1 / smoothing: at batch 1,
+    # as much as the counts can hold)
     min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the model is trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
