@@ -20,11 +20,11 @@ import numpy as np
 
 
 class AcceptanceEstimate:
-    def __init__(self, depth: int, prior: float, smoothing: float = 0.1, prior_trials: float = 0.0):
+    def __init__(self, depth: int, prior: float, smoothing: float = 0.1, prior_rows: float = 0.0):
         """`prior`: the conditional acceptance assumed at every position before any observation, held
-        with the weight of `prior_trials` rows (0: the first observation of a position replaces it)."""
+        with the weight of `prior_rows` rows (0: the first observation of a position replaces it)."""
         self.prior, self.smoothing = prior, smoothing
-        self.trials = np.full(depth, float(prior_trials))
+        self.trials = np.full(depth, float(prior_rows))
         self.accepted = self.trials * prior
         self._update_prefix()
 
