@@ -19,18 +19,48 @@ from helpers import make_head, save_random_checkpoint
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
 from specrl.sampling import SamplingParams
-from specrl.speculation.head_layer import chain_mask
+from specrl.speculation.head_layer import chain_mask, chain_rows
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.proposer import ProposalContext
 from specrl.speculation.proposer_registry import load_head
 
 
 def test_chain_mask_matches_the_worked_example():
-    expected = torch.tensor([[0, 0, 0, 1, 0, 0],
-                             [1, 0, 0, 0, 1, 0],
-                             [1, 1, 0, 0, 0, 1]], dtype=torch.bool)
+    expected = torch.tensor([[1, 0, 0, 1, 0],
+                             [1, 1, 0, 0, 1]], dtype=torch.bool)
     assert torch.equal(chain_mask(3, 2), expected)
     assert torch.equal(chain_mask(4, 1), torch.ones(4, 4, dtype=torch.bool).tril())
+    # first anchor 2 of S = 6, depth 3: rows 4, 5; keys depth-1 s = 0..5 | depth-2 s = 3..5 | depth-3 s = 4, 5
+    assert chain_rows(6, 3, first_anchor=2) == [0, 3, 4]
+    assert torch.equal(chain_mask(6, 3, first_anchor=2),
+                       torch.tensor([[1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 0],
+                                     [1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1]], dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_skipping_the_rows_before_the_first_anchor_changes_no_row_that_counts(target_dir, kind):
+    """Rows of anchors >= first_anchor equal the full pass's, in value and in gradient (right padding too)."""
+    target = LlamaModel.from_pretrained(target_dir)
+    head = make_head(kind, target)
+    ids = torch.randint(0, 40, (2, 14), generator=torch.Generator().manual_seed(4))
+    pad = torch.ones_like(ids, dtype=torch.bool)
+    pad[1, 11:] = False
+    with torch.no_grad():
+        _, hidden = target.forward(ids, target.new_cache(2, 14), hidden_layers=head.hidden_layers)
+    first, weights = 5, torch.randn(3, head.cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for anchor in (0, first):
+        head.zero_grad()
+        g = head.forward_train(hidden, ids, pad, depth=3, first_anchor=anchor)
+        kept = [x[:, first + j:] for j, x in enumerate(g)]  # depth j+1: rows of anchors >= first
+        sum((x * w).sum() for x, w in zip(kept, weights)).backward()
+        grads.append([p.grad.clone() for p in head.parameters() if p.grad is not None])  # lm_head and norm: unused
+        if anchor == 0:
+            full = [x.detach() for x in kept]
+        else:
+            assert all(torch.allclose(a, b.detach(), atol=1e-5) for a, b in zip(full, kept))
+            assert all(not x[:, :first + j].any() for j, x in enumerate(g[1:], start=1))  # skipped rows are zeros
+    assert len(grads[0]) == len(grads[1]) > 5 and all(torch.allclose(a, b, atol=1e-4) for a, b in zip(*grads))
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])

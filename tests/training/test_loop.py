@@ -38,3 +38,23 @@ def test_fit_anneals_over_its_time_budget(monkeypatch):
     _, steps = fit([w], loss_fn, steps=10**6, lr=1.0, warmup=2, desc="t", seconds=0.5)
     assert steps < 10**6  # time ended the run
     assert rates[-1] < 0.2 and min(rates[2:]) == rates[-1]  # annealed towards lr / 10, never back up
+
+
+def test_length_pools_keep_every_sequence_once_a_pass_and_cut_the_padding():
+    lengths = torch.randint(10, 200, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    micro_batch, per_pass = 8, 125  # 1000 / 8 micro-batches a pass
+
+    def padding(batches):  # padded positions per real one
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches) / sum(lengths)
+
+    for pools in (None, lengths):
+        batches = loop.shuffled_batches(len(lengths), micro_batch, seed=1, lengths=pools, pool=16)
+        for _ in range(2):  # two passes
+            one_pass = [next(batches) for _ in range(per_pass)]
+            assert sorted(i for b in one_pass for i in b) == list(range(1000))
+            if pools is None:
+                random_padding = padding(one_pass)
+            else:
+                assert padding(one_pass) < 1.1 < 1.3 < random_padding
+                first_sizes = [max(lengths[i] for i in b) for b in one_pass[:20]]
+                assert first_sizes != sorted(first_sizes)  # the pass's micro-batches are shuffled, not in length order

@@ -80,11 +80,12 @@ class HeadTrainer:
         p_all = sampling_logprobs(policy_logits, self.sampling).exp()  # [B, S, V]: position t's p of ids[t+1]
         if d2t is not None:
             p_all = p_all.index_select(-1, d2t)
-        g_per_depth = head.forward_train(hidden, batch.ids, batch.attention_mask.bool(), self.config.depth)
         S = batch.ids.shape[1]
         predicts_response = torch.zeros_like(batch.loss_mask, dtype=torch.bool)
         predicts_response[:, :S - 1] = batch.loss_mask[:, 1:] > 0  # row i predicts ids[i+2], a response token
         first = batch.loss_mask.argmax(1, keepdim=True)  # L - 1 per row
+        g_per_depth = head.forward_train(hidden, batch.ids, batch.attention_mask.bool(), self.config.depth,
+                                         first_anchor=max(int(first.min()) - 1, 0))
         rows = torch.arange(S).unsqueeze(0)
         for j, g in enumerate(g_per_depth):
             b, i = (predicts_response & (rows - j >= first - 1)).nonzero(as_tuple=True)  # anchor i - j >= L - 2

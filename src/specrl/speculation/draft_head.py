@@ -26,7 +26,7 @@ from torch import nn
 from specrl.models.checkpoint import ModelConfig, check_finite
 from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel, rope_tables
-from specrl.speculation.head_layer import DraftDecoderLayer, HeadLinear
+from specrl.speculation.head_layer import DraftDecoderLayer, HeadLinear, chain_rows
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -147,24 +147,29 @@ class DraftHead(nn.Module):
         return self.layer.forward_cached(x, residual, cache, cos, sin)
 
     def forward_train(self, hidden: dict[int, torch.Tensor], ids: torch.Tensor, pad_mask: torch.Tensor,
-                      depth: int) -> list[torch.Tensor]:
+                      depth: int, first_anchor: int = 0) -> list[torch.Tensor]:
         """Training-time test: the head's output g of chain elements 1..depth at every position.
 
         hidden {layer: [B, S, H]} target hidden states of `ids` [B, S]; pad_mask [B, S] bool.
         Returns per depth j the features g [B, S, H] (`logits(g)` scores them); row i of depth j
-        predicts ids[:, i + 2] for the anchor e = i - j + 1 (rows i < j - 1 have none and must be
-        masked by the caller).
+        predicts ids[:, i + 2] for the anchor e = i - j + 1. Depths j >= 2 compute only the rows of
+        anchors e >= `first_anchor` (see `head_layer.chain_rows`); their other rows are zeros, as
+        are the rows i < j - 1, which have no anchor: the caller masks them.
         """
         B, S = ids.shape
-        cos, sin = self.rope_cos[:S].view(1, 1, S, -1), self.rope_sin[:S].view(1, 1, S, -1)
+        starts = chain_rows(S, depth, first_anchor)
         next_emb = self.embed(torch.cat([ids[:, 1:], ids[:, -1:]], dim=1))  # [B, S, H]: token i+1 at row i
         feature = self.fuse(hidden)
         past, out = [], []
-        for j in range(depth):
-            if j:  # element j+1 at row i continues the chain whose element j sat at row i-1
-                feature = torch.cat([feature[:, :1], feature[:, :-1]], dim=1)
-            x, residual = self.layer_input(feature, next_emb)
-            feature, kv = self.layer.forward_train(x, residual, past, cos, sin, pad_mask)
+        for j, a in enumerate(starts):
+            if a == S:  # no anchor reaches this deep
+                out += [feature.new_zeros(B, S, feature.shape[-1])] * (depth - j)
+                break
+            if j:  # element j+1 at row i continues the chain whose element j sat at row i - 1
+                feature = feature[:, a - 1 - starts[j - 1]:S - 1 - starts[j - 1]]
+            x, residual = self.layer_input(feature, next_emb[:, a:])
+            cos, sin = self.rope_cos[a:S].view(1, 1, S - a, -1), self.rope_sin[a:S].view(1, 1, S - a, -1)
+            feature, kv = self.layer.forward_train(x, residual, past, cos, sin, pad_mask, first_anchor)
             past.append(kv)
-            out.append(feature)
+            out.append(F.pad(feature, (0, 0, a, 0)))
         return out

@@ -16,7 +16,11 @@ its row i is the element at position i of anchor e = i - j + 1, and it attends t
 
     depth-1 keys at s <= i - j + 1    and    depth-d keys at s == i - j + d,  d = 2..j.
 
-`chain_mask` builds that mask; `DraftDecoderLayer.forward_train` applies it.
+Depth 1 runs over every position (its keys are every chain's context). Depth j >= 2 runs only
+over the rows whose anchor counts, e >= `first_anchor` (`chain_rows`): the others have no loss,
+and no row that counts reads their keys (a kept row reads depth d at s >= first_anchor + d - 1).
+On RL's rollouts that skips the prompt, most of each sequence, at every depth but the first.
+`chain_mask` builds the mask over those rows; `DraftDecoderLayer.forward_train` applies it.
 """
 from __future__ import annotations
 
@@ -60,20 +64,25 @@ class HeadLinear(nn.Linear):
         return y if self.bias is None else y + self.bias
 
 
-def chain_mask(seq_len: int, depth: int) -> torch.Tensor:
-    """[S, depth*S] bool: which keys the depth-`depth` query at each position attends to.
+def chain_rows(seq_len: int, depth: int, first_anchor: int = 0) -> list[int]:
+    """The first row each depth 1..depth computes: 0 for depth 1 (every position), and for depth d >= 2
+    the row of anchor `first_anchor`, first_anchor + d - 1 (at most seq_len: then it computes none)."""
+    return [0] + [min(first_anchor + d - 1, seq_len) for d in range(2, depth + 1)]
 
-    Keys are laid out depth-major: [depth-1 keys 0..S-1, depth-2 keys 0..S-1, ...].
-    Example, S = 3, depth 2 (rows = queries i, T = attend):
-        i=0: depth-1 none          depth-2 s=0    -> [F F F | T F F]
-        i=1: depth-1 s <= 0        depth-2 s=1    -> [T F F | F T F]
-        i=2: depth-1 s <= 1        depth-2 s=2    -> [T T F | F F T]
-    A query with no valid anchor (i < depth - 1) still sees its own key, so softmax is defined;
-    its output is masked out of the loss.
+
+def chain_mask(seq_len: int, depth: int, first_anchor: int = 0) -> torch.Tensor:
+    """[R, K] bool: which keys the depth-`depth` query at each of its rows attends to.
+
+    Rows are i = a_depth .. seq_len-1 and keys are laid out depth-major, depth d holding positions
+    a_d .. seq_len-1 (a = `chain_rows`). Example, S = 3, depth 2, first_anchor 0 (rows i = 1, 2;
+    keys: depth-1 s = 0, 1, 2 | depth-2 s = 1, 2):
+        i=1: depth-1 s <= 0    depth-2 s=1    -> [T F F | T F]
+        i=2: depth-1 s <= 1    depth-2 s=2    -> [T T F | F T]
     """
-    i = torch.arange(seq_len).unsqueeze(1)  # [S, 1]
-    s = torch.arange(seq_len).unsqueeze(0)  # [1, S]
-    blocks = [s <= i - depth + 1] + [s == i - depth + d for d in range(2, depth + 1)]
+    starts = chain_rows(seq_len, depth, first_anchor)
+    i = torch.arange(starts[-1], seq_len).unsqueeze(1)  # [R, 1]
+    blocks = [torch.arange(seq_len).unsqueeze(0) <= i - depth + 1]
+    blocks += [torch.arange(starts[d - 1], seq_len).unsqueeze(0) == i - depth + d for d in range(2, depth + 1)]
     return torch.cat(blocks, dim=1)
 
 
@@ -140,21 +149,24 @@ class DraftDecoderLayer(nn.Module):
         return self._finish(attn, residual)
 
     def forward_train(self, x: torch.Tensor, residual: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]],
-                      cos: torch.Tensor, sin: torch.Tensor, pad_mask: torch.Tensor):
-        """Training, depth j = len(past) + 1, all positions at once (see `chain_mask`).
+                      cos: torch.Tensor, sin: torch.Tensor, pad_mask: torch.Tensor, first_anchor: int = 0):
+        """Training, depth j = len(past) + 1: its rows a_j .. S-1 at once (a = `chain_rows`; see `chain_mask`).
 
-        x [B, S, in], residual [B, S, H]; past = the (k, v) of depths 1..j-1, each [B, h_kv, S, d];
-        pad_mask [B, S] bool, True on real tokens (keys of padding are never attended).
-        Returns (g [B, S, H], (k, v) of this depth).
+        x [B, R, in], residual [B, R, H], cos/sin for those R rows; past = the (k, v) of depths 1..j-1,
+        depth d's [B, h_kv, S - a_d, d]; pad_mask [B, S] bool, True on real tokens (keys of padding
+        are never attended; a padded query still sees its own key, so softmax is defined).
+        Returns (g [B, R, H], (k, v) of this depth).
         """
-        S = x.shape[1]
+        S, depth = pad_mask.shape[1], len(past) + 1
+        starts = chain_rows(S, depth, first_anchor)
         q, k, v = self._qkv(x, cos, sin)
         keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
         values = torch.cat([pv for _, pv in past] + [v], dim=2)
-        depth = len(past) + 1
-        mask = chain_mask(S, depth).unsqueeze(0) & pad_mask.repeat(1, depth).unsqueeze(1)  # [B, S, depth*S]
-        own = torch.zeros(S, depth * S, dtype=torch.bool)
-        own[torch.arange(S), (depth - 1) * S + torch.arange(S)] = True  # every query sees its own key
-        mask = (mask | own).unsqueeze(1)  # [B, 1, S, depth*S]
+        key_real = torch.cat([pad_mask[:, a:] for a in starts], dim=1)  # [B, K]
+        mask = chain_mask(S, depth, first_anchor).unsqueeze(0) & key_real.unsqueeze(1)  # [B, R, K]
+        R = S - starts[-1]
+        own = torch.zeros(R, keys.shape[2], dtype=torch.bool)
+        own[torch.arange(R), keys.shape[2] - R + torch.arange(R)] = True
+        mask = (mask | own).unsqueeze(1)  # [B, 1, R, K]
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self._finish(attn, residual), (k, v)

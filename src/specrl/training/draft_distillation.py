@@ -126,7 +126,8 @@ def _distil(draft, samples: Rollouts, d2t: torch.Tensor, t2d: torch.Tensor, conf
         return soft_cross_entropy(_draft_logq(draft, samples, idx), p).mean()
 
     draft.train()
-    batches = shuffled_batches(len(samples), config.micro_batch, config.seed + 7)
+    batches = shuffled_batches(len(samples), config.micro_batch, config.seed + 7,
+                               lengths=[len(ids) for ids in samples.ids])
     result = fit([p for p in draft.parameters() if p.requires_grad], lambda step: loss_of(next(batches)),
                  config.steps, config.lr, 10, "distil draft", seconds=config.train_seconds)
     draft.eval()

@@ -92,8 +92,8 @@ def _chain_terms(head: DraftHead, rollouts: Rollouts, idx: list[int], config: Tr
     """Per depth: (log q [P, V_out], p on the support [P, V_out], p's full-vocab top id [P]) at the
     positions that count (anchor e = i - j + 1 >= L - 2 and a response token to predict)."""
     ids, pad, feats, r_index = _batch(rollouts, idx, head.hidden_layers)
-    g_per_depth = head.forward_train(feats, ids, pad, config.depth)
     L = torch.tensor([rollouts.prompt_lens[i] for i in idx]).unsqueeze(1)  # [B, 1]
+    g_per_depth = head.forward_train(feats, ids, pad, config.depth, first_anchor=max(int(L.min()) - 2, 0))
     positions = torch.arange(ids.shape[1]).unsqueeze(0)
     terms = []
     for j, g in enumerate(g_per_depth):
@@ -148,7 +148,8 @@ def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config:
         return sum(w * soft_cross_entropy(logq, p).mean() for w, (logq, p, _) in zip(weights, terms)) / sum(weights)
 
     head.train()
-    batches = shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7)
+    batches = shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7,
+                               lengths=[len(ids) for ids in rollouts.ids])
     result = fit([p for p in head.parameters() if p.requires_grad], lambda step: loss_of(next(batches)),
                  config.steps, config.lr, 10, f"train {head.kind}", seconds=config.train_seconds)
     head.eval()

@@ -27,13 +27,27 @@ def learning_rate(step: int, lr: float, warmup: int, steps: int, time_fraction: 
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def shuffled_batches(size: int, micro_batch: int, seed: int) -> Iterator[list[int]]:
-    """Endless shuffled passes over range(size), `micro_batch` indices at a time (the last of a pass may be short)."""
+def shuffled_batches(size: int, micro_batch: int, seed: int, lengths: list[int] | None = None,
+                     pool: int = 64) -> Iterator[list[int]]:
+    """Endless shuffled passes over range(size), `micro_batch` indices at a time (the last of a pass may be short).
+
+    Given the sequences' `lengths`, each pass is cut into pools of `pool` micro-batches, each pool
+    sorted by length before it is split, and the pass's micro-batches shuffled: a micro-batch holds
+    sequences of about one length, so little of it is padding (on SmolLM2's rollouts, 1.6 padded
+    positions per real one at random, 1.01 in pools of 64), and every sequence is still seen once a pass.
+    """
     order = torch.Generator().manual_seed(seed)
     while True:
         perm = torch.randperm(size, generator=order).tolist()
-        for start in range(0, len(perm), micro_batch):
-            yield perm[start:start + micro_batch]
+        if lengths is None:
+            batches = [perm[s:s + micro_batch] for s in range(0, size, micro_batch)]
+        else:
+            batches = []
+            for s in range(0, size, pool * micro_batch):
+                chunk = sorted(perm[s:s + pool * micro_batch], key=lambda i: lengths[i])
+                batches += [chunk[c:c + micro_batch] for c in range(0, len(chunk), micro_batch)]
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=order).tolist()]
+        yield from batches
 
 
 def fit(params: list[torch.Tensor], loss_fn: Callable[[int], torch.Tensor], steps: int, lr: float, warmup: int,
