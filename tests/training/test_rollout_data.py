@@ -74,3 +74,21 @@ def test_a_distilled_draft_shares_the_targets_embedding_and_drafts_exactly(tmp_p
     prompts = ["Q:12+34\nA:", "Q:7+58\nA:"]
     assert [c.token_ids for c in spec.generate(prompts, greedy).completions] == \
         [c.token_ids for c in base.generate(prompts, greedy).completions]
+
+
+def test_head_training_takes_micro_batches_of_responses_too_short_for_its_depth(samples):
+    """Pooling micro-batches by length puts the shortest responses together: with one response token
+    each, depths 2 and 3 have no row to train, and the step trains depth 1 alone (a finite loss)."""
+    import dataclasses
+
+    from specrl.training.head_training import TrainHeadConfig, new_head, train
+
+    r = samples.train
+    cut = Rollouts([ids[:L + 1] for ids, L in zip(r.ids, r.prompt_lens)], list(r.prompt_lens),
+                   [{layer: f[:L] for layer, f in feats.items()} for feats, L in zip(r.features, r.prompt_lens)],
+                   [p[:1] for p in r.top_p], [i[:1] for i in r.top_ids])
+    head = new_head("eagle3", samples.target, samples.soft_counts, 0)
+    before = [p.detach().clone() for p in head.parameters()]
+    loss, steps = train(head, cut, None, dataclasses.replace(TrainHeadConfig(), steps=2, micro_batch=4, depth=3))
+    assert steps == 2 and torch.isfinite(torch.tensor(loss))
+    assert any(not torch.equal(a, b) for a, b in zip(before, head.parameters()))

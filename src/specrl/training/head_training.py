@@ -101,6 +101,9 @@ def _chain_terms(head: DraftHead, rollouts: Rollouts, idx: list[int], config: Tr
         b_idx, i_idx = valid.nonzero(as_tuple=True)
         r = r_index[b_idx, i_idx]
         logq = torch.log_softmax(head.logits(g[b_idx, i_idx]).float(), dim=-1)  # [P, V_out]
+        if not len(r):  # no response reaches this depth (a micro-batch of the shortest responses)
+            terms.append((logq, torch.zeros_like(logq), torch.zeros(0, dtype=torch.long)))
+            continue
         if full_p is not None:  # held-out: p in full, exact
             p_full = torch.stack([full_p[idx[b]][rr] for b, rr in zip(b_idx.tolist(), r.tolist())]).float()
             p = p_full if head.d2t is None else p_full[:, head.d2t]
@@ -144,8 +147,9 @@ def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config:
     weights = [config.depth_decay ** j for j in range(config.depth)]
 
     def loss_of(idx: list[int]) -> torch.Tensor:
-        terms = _chain_terms(head, rollouts, idx, config, t2d)
-        return sum(w * soft_cross_entropy(logq, p).mean() for w, (logq, p, _) in zip(weights, terms)) / sum(weights)
+        terms = [(w, logq, p) for w, (logq, p, _) in zip(weights, _chain_terms(head, rollouts, idx, config, t2d))
+                 if len(p)]  # depth 1 always has rows
+        return sum(w * soft_cross_entropy(logq, p).mean() for w, logq, p in terms) / sum(w for w, _, _ in terms)
 
     head.train()
     batches = shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7,
