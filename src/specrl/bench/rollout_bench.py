@@ -1,12 +1,14 @@
 """Rollout benchmark: speculation off vs on (and transformers `generate`), alternating in one process.
 
 Each round runs the same prompts through every variant, in turn, with the same
-seed; tokens per second are the generated tokens over the wall time of the call,
+seed; tokens per second are the generated tokens over the wall time of the round's calls,
 and the reported figure is the median over rounds (these machines are noisy;
 `speedup_per_round` shows the spread). At temperature 1 the two variants sample different
-responses, so their lengths differ and so does how the batch drains: at small batches that is
-part of the spread (`mean_response_tokens` and `mean_response_tokens_spec`); `ignore_eos` takes it
-out, each row generating max_tokens.
+responses, so their lengths differ and so does how the batch drains (`mean_response_tokens` and
+`mean_response_tokens_spec`). At batch 1 one call's response can be 13 tokens on one side and 72 on
+the other, so a round times at least `rows_per_round` rows: ceil(rows_per_round / batch) calls of
+the batch, each on its own prompts, which averages the lengths out. `ignore_eos` takes the length
+difference out altogether, each row generating max_tokens.
 A temperature-0 run with and without speculation checks exactness token for token;
 at temperature 1 the mean logprob of the sampled tokens must agree within noise
 (`logprob_z`: a two-sample z-score over per-sequence means).
@@ -66,6 +68,9 @@ class RolloutBenchConfig:
     # not drain (at temperature 1 they sample different responses, whose lengths otherwise differ)
     ignore_eos: bool = False
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
+    # each round times at least this many rows per variant: ceil(rows_per_round / batch) calls of `batch` rows,
+    # each on its own prompts (at batch 1, one response's length decides a one-call round)
+    rows_per_round: int = within(8, "[1, inf)")
     hf: bool = True  # also time transformers generate
     compile: bool = True  # the engine's fast path (specrl's small-row kernel); False = eager PyTorch
     eager_baseline: bool = False  # also time decoding without speculation on the eager path (fast_vs_eager)
@@ -86,7 +91,8 @@ class HFGenerate:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     @torch.inference_mode()
-    def tokens_per_second(self, prompts: list[str], params: SamplingParams) -> float:
+    def timed(self, prompts: list[str], params: SamplingParams) -> tuple[int, float]:
+        """(generated tokens, seconds) of one `generate` call."""
         encoded = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         width = max(map(len, encoded))
         ids = torch.tensor([[self.pad] * (width - len(e)) + e for e in encoded])
@@ -103,7 +109,7 @@ class HFGenerate:
         new = out[:, width:]
         eos = None if params.ignore_eos else self.tokenizer.eos_token_id
         lengths = [(row.tolist().index(eos) + 1) if eos in row.tolist() else len(row) for row in new]
-        return sum(lengths) / seconds
+        return sum(lengths), seconds
 
 
 def _mean_logprob(results) -> float:
@@ -165,8 +171,11 @@ def bench_inputs(model: str, count: int, seed: int, max_tokens: int | None, k: i
 
 
 def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
-    prompts, max_tokens = bench_inputs(config.model, config.batch // config.n, config.seed, config.max_tokens,
-                                       config.k)
+    calls = -(-config.rows_per_round // config.batch)
+    per_call = config.batch // config.n
+    all_prompts, max_tokens = bench_inputs(config.model, calls * per_call, config.seed, config.max_tokens, config.k)
+    chunks = [all_prompts[c * per_call:(c + 1) * per_call] for c in range(calls)]
+    prompts = chunks[0]
     config = dataclasses.replace(config, max_tokens=max_tokens)
     common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive,
                   compile=config.compile)
@@ -191,11 +200,12 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
                                 seed=config.seed + 1 + r, ignore_eos=config.ignore_eos)
         for name, backend in variants:
-            result = backend.generate(prompts, params)
-            runs[name].append(result)
-            rates[name].append(result.num_tokens / result.seconds)
+            results = [backend.generate(chunk, params) for chunk in chunks]
+            runs[name] += results
+            rates[name].append(sum(x.num_tokens for x in results) / sum(x.seconds for x in results))
         if hf is not None:
-            rates["hf"].append(hf.tokens_per_second([p for p in prompts for _ in range(config.n)], params))
+            timed = [hf.timed([p for p in chunk for _ in range(config.n)], params) for chunk in chunks]
+            rates["hf"].append(sum(t for t, _ in timed) / sum(s for _, s in timed))
         if progress is not None:
             progress(r + 1, config.rounds)
 
@@ -211,12 +221,13 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     base_rate, spec_rate = statistics.median(rates["base"]), statistics.median(rates["spec"])
     hf_rate = statistics.median(rates["hf"]) if rates["hf"] else None
     eager_rate = statistics.median(rates["eager"]) if rates["eager"] else None
-    costs = step_cost_model(config, base, runs["spec"], stats, spec_rate / base_rate, prompts, max_tokens)
+    costs = step_cost_model(config, base, runs["spec"], stats, spec_rate / base_rate, all_prompts, max_tokens)
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
         "n": config.n,
         "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
-        "rounds": config.rounds, "threads": torch.get_num_threads(),
+        "rounds": config.rounds, "calls_per_round": calls,
+        "rows_timed": sum(len(r.completions) for r in runs["spec"]), "threads": torch.get_num_threads(),
         "tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,
         "speedup_per_round": [s / b for b, s in zip(rates["base"], rates["spec"])],
         "tokens_per_s_hf": hf_rate, "base_vs_hf": base_rate / hf_rate if hf_rate else None,

@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="every row generates --max-tokens, past EOS: both variants time the same token count at a "
                         "batch that does not drain (at temperature 1 their responses, and so their lengths, differ)")
+    p.add_argument("--rows-per-round", type=int, default=d.rows_per_round,
+                   help="each round times at least this many rows per variant, in calls of --batch rows on their own "
+                        "prompts (at batch 1 one response's length would decide the round; default: %(default)s)")
     _add_sampling_flags(p, d)
     p.set_defaults(func=run)
 
@@ -106,7 +109,7 @@ def run(args) -> dict:
         model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
         k=args.k, adaptive=not args.fixed_k, tree_width=args.tree_width, max_tokens=args.max_tokens,
         temperature=args.temperature, ignore_eos=args.ignore_eos,
-        rounds=args.rounds, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
+        rounds=args.rounds, rows_per_round=args.rows_per_round, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
         seed=args.seed,
     )
     with progress_bar(f"bench {config.model} {config.proposer} batch={config.batch}", config.rounds) as update:
