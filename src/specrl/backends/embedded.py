@@ -65,6 +65,6 @@ class EmbeddedBackend:
             part.head.check_checkpoint_state(draft, head_source)
         self.engine.load_weights(policy, version)
         if draft is not None and isinstance(part, DraftModelProposer):
-            part.model.load_weights(draft)
+            part.model.load_weights(draft, source=f"draft weights of version {version}")
         elif draft is not None:  # a head: checkpoint names, as it saves them
             part.head.load_checkpoint_state(draft, head_source)

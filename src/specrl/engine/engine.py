@@ -129,7 +129,7 @@ class RolloutEngine:
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Weight sync: replace the policy's weights (Hugging Face names) and stamp a new version."""
-        self.model.load_weights(state)
+        self.model.load_weights(state, source=f"policy weights of version {version}")
         self.version = version
 
     def _check_context(self, prompts: list[list[int]], params: SamplingParams) -> None:

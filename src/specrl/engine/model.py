@@ -163,21 +163,22 @@ class LlamaModel:
             })
         return shapes
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], source: str | None = None) -> None:
         """(Re)load weights from Hugging Face tensor names. Everything is checked before anything is
         replaced: a missing tensor, one whose shape does not fit the config, one holding NaN or infinite
-        values, or a malformed d2t is named, and the model keeps its previous weights."""
-        cfg = self.cfg
-        check_finite(state, self.source)
+        values, or a malformed d2t is named, and the model keeps its previous weights. Errors name
+        `source` (a weight sync passes which weights these are), else the folder the model came from."""
+        cfg, source = self.cfg, source or self.source
+        check_finite(state, source)
         expected = self.expected_shapes()
         wrong = [f"{name} {tuple(state[name].shape)} != {shape}" for name, shape in expected.items()
                  if name in state and tuple(state[name].shape) != shape]
         if wrong:
-            raise ValueError(f"{self.source}: tensors do not fit config.json: {'; '.join(wrong[:3])}")
+            raise ValueError(f"{source}: tensors do not fit config.json: {'; '.join(wrong[:3])}")
 
         def get(name: str) -> torch.Tensor:
             if name not in state:
-                raise ValueError(f"{self.source}: checkpoint is missing tensor '{name}'")
+                raise ValueError(f"{source}: checkpoint is missing tensor '{name}'")
             return state[name].float()
 
         def opt(name: str) -> torch.Tensor | None:
@@ -187,14 +188,14 @@ class LlamaModel:
         head = opt("lm_head.weight")
         head = embed if head is None and cfg.tie_word_embeddings else head
         if head is None:
-            raise ValueError(f"{self.source}: checkpoint is missing tensor 'lm_head.weight'")
+            raise ValueError(f"{source}: checkpoint is missing tensor 'lm_head.weight'")
         d2t = None  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
         if cfg.draft_vocab_size:
             if "d2t" not in state:
-                raise ValueError(f"{self.source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
-            d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, self.source)
+                raise ValueError(f"{source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
+            d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, source)
         elif head.shape[0] != cfg.vocab_size:
-            raise ValueError(f"{self.source}: lm_head has {head.shape[0]} rows but vocab_size is {cfg.vocab_size} "
+            raise ValueError(f"{source}: lm_head has {head.shape[0]} rows but vocab_size is {cfg.vocab_size} "
                              "(a reduced output vocabulary needs draft_vocab_size and a 'd2t' tensor)")
         layers = []
         for i in range(cfg.num_hidden_layers):

@@ -23,7 +23,7 @@ import torch
 from specrl.atomic import write_text_atomically
 from specrl.device import resolve_device
 from specrl.engine.adaptive import expected_tokens
-from specrl.models.checkpoint import load_tokenizer
+from specrl.models.checkpoint import check_finite, load_tokenizer
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.config import TrainConfig, config_to_dict
@@ -120,6 +120,7 @@ class Learner:
         self.generated_tokens, self.generation_seconds = 0, 0.0
         self.staleness_total: Counter[int] = Counter()  # trained groups by staleness (their oldest token's)
         self.token_staleness_total: Counter[int] = Counter()  # trained tokens by their own staleness
+        self.skipped_total: Counter[str] = Counter()  # optimiser steps skipped for a non-finite loss or gradient
         self.history: list[dict] = []
 
     def _claim_run_dir(self) -> None:
@@ -149,8 +150,14 @@ class Learner:
         return out
 
     def weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """(policy, draft or None) state dicts under Hugging Face names, for weight sync."""
-        return self.trainer.state_dict(), self.draft.state_dict() if self.draft else None
+        """(policy, draft or None) state dicts under Hugging Face names, for weight sync and checkpoints.
+        Weights holding NaN or infinity are an error here, before anything is published or written
+        (`finite_step` skips the steps that would make them; this is the last line)."""
+        policy, draft = self.trainer.state_dict(), self.draft.state_dict() if self.draft else None
+        check_finite(policy, "the trained policy's weights (not published, not checkpointed)")
+        if draft is not None:
+            check_finite(draft, "the adapted draft's weights (not published, not checkpointed)")
+        return policy, draft
 
     def train(self, step: int, groups: list[Group], decoupled: bool = False) -> dict:
         """One optimiser step on `groups` (timed as `training` / `draft_training`); returns the train stats."""
@@ -182,6 +189,7 @@ class Learner:
         every = self.config.run.checkpoint_every
         if step == self.config.run.steps or (every and step % every == 0):
             with self.timer.stage("checkpoint"):
+                self.weights()  # refuses non-finite weights before a file is written
                 save_checkpoint(self.run_dir, step, step, self.save_policy, self.trainer.optimizer_state(),
                                 self.draft.save if self.draft else None,
                                 self.draft.optimizer.state_dict() if self.draft else None, pipeline=self.pipeline_state())
@@ -216,6 +224,7 @@ class Learner:
         token_staleness = Counter(step - 1 - v for g in groups for c in g.completions for v in c.versions)
         self.staleness_total.update(staleness)
         self.token_staleness_total.update(token_staleness)
+        self.skipped_total.update({part: stats.get(f"{part}_step_skipped", 0) for part in ("policy", "draft")})
         record = {
             "step": step, "policy_version": min(g.version for g in groups),
             "data_positions": [g.index for g in groups],
@@ -225,7 +234,8 @@ class Learner:
             "spec": spec.as_dict(), "k_histogram": {str(k): v for k, v in k_histogram.items()},
             "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
             "token_staleness_histogram": {str(k): v for k, v in sorted(token_staleness.items())},
-            "train": stats, **(extra or {}), "timing": self.timer.lap(),
+            "train": stats, "skipped_steps_total": dict(self.skipped_total), **(extra or {}),
+            "timing": self.timer.lap(),
         }
         record["step_seconds"] = sum(v for stage, v in record["timing"].items() if stage != "eval")
         record["tokens_per_s_by_stage"] = {stage: record["rollout_tokens"] / seconds
@@ -269,6 +279,7 @@ class Learner:
             "device": self.config.run.device, "precision": self.config.optim.precision,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_total.items())},
             "max_staleness_seen": max(self.staleness_total, default=0),
+            "skipped_steps_total": dict(self.skipped_total),
             "token_staleness_mean": (sum(k * v for k, v in self.token_staleness_total.items())
                                      / max(sum(self.token_staleness_total.values()), 1)),
             "run_dir": str(self.run_dir),

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from specrl.pipeline.weights import to_numpy, to_torch
 from specrl.rl.grpo import GRPOConfig
-from specrl.rl.trainer import OptimConfig, PolicyTrainer, check_sampling
+from specrl.rl.trainer import OptimConfig, PolicyTrainer, check_sampling, with_parity_mean
 from specrl.sampling import SamplingParams
 
 
@@ -42,13 +42,15 @@ def _optimizer_to(state: dict, convert) -> dict:
 
 
 def combine_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """The whole batch's stats from the ranks' shares: maxima for *_max, rank 0's gradient norm
-    (computed whole on every rank), sums for the rest (token means over the whole batch's tokens)."""
+    """The whole batch's stats from the ranks' shares: maxima for *_max, rank 0's gradient norm and skip
+    verdict (every rank computes them whole), sums for the rest (token means over the whole batch's tokens),
+    and the parity mean recomputed from the summed errors and tokens."""
     out = {}
     for key in per_rank[0]:
         values = [stats[key] for stats in per_rank]
-        out[key] = max(values) if key.endswith("_max") else values[0] if key == "grad_norm" else sum(values)
-    return out
+        whole = key in ("grad_norm", "policy_step_skipped")
+        out[key] = max(values) if key.endswith("_max") else values[0] if whole else sum(values)
+    return with_parity_mean(out)
 
 
 class TrainerRank:

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from specrl.finite_step import finite_step
 from specrl.models.checkpoint import load_causal_lm, load_config
 from specrl.rl.sequences import TrainBatch
 from specrl.rl.trainer import sync_state_dict
@@ -95,9 +96,9 @@ class DraftTrainer:
 
     def step(self) -> dict[str, float]:
         """Apply the accumulated gradient; returns the pre-update loss and expected acceptance."""
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.optimizer.step()
+        _, skipped = finite_step(self.optimizer, list(self.model.parameters()), self.loss_sum, 1.0, "draft model")
         stats = {"draft_loss": self.loss_sum / max(self.tokens, 1), "draft_kl": self.kl_sum / max(self.tokens, 1),
-                 "draft_expected_acceptance": self.acceptance_sum / max(self.tokens, 1)}
+                 "draft_expected_acceptance": self.acceptance_sum / max(self.tokens, 1),
+                 "draft_step_skipped": int(skipped)}
         self._reset()
         return stats

@@ -28,6 +28,18 @@ w * A_i * grad l (truncated-IS policy gradient). Without lag b == x to fp32 roun
 w == 1, and the two objectives agree; the pipelines pass `proximal_logprobs` only
 for batches that hold a stale token, so a lag-free batch takes the path above unchanged.
 
+Masking comes before arithmetic. Under top-k / top-p the trainer scores tokens under the truncated
+distribution, so a position can carry logprob -inf: prompt and padding positions, and, rarely, a
+sampled response token that the trainer's own cut excludes (in bf16 a tie can fall on the other side
+of the cut: about 6e-4 of tokens). -inf - (-inf) is NaN, and NaN * 0 is NaN, so no position outside
+the tokens that count ever enters an exp, a subtraction or a product: every operand is replaced by 0
+there first (`torch.where`, whose gradient at the replaced positions is 0, not NaN).
+The rule for a response token whose current, proximal or reference logprob is -inf (or whose
+behaviour logprob is not finite): it is left out of the loss, as if its mask were 0, and stays in
+the denominator (the batch's response-token count, which the micro-batches share); `excluded_tokens`
+counts them in the step's stats. Its gradient would be 0 anyway (rho = 0 has no gradient, and the
+truncation mask is a constant), and its KL to a reference that excludes it is infinite.
+
 Deliberately left out: value function (GRPO has none), entropy bonus, per-sequence
 length normalisation, dual-clip.
 """
@@ -69,32 +81,46 @@ def grpo_loss(
     proximal_logprobs: torch.Tensor | None = None,  # [N, T] pre-update policy, detached; only for stale batches
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """-> (loss, stats). With micro-batches, pass the whole batch's token count so the
-    summed micro-batch losses equal the full-batch token mean. Stats gain `is_weight`
-    (token mean of w) and `is_truncated_fraction` when `proximal_logprobs` is given."""
-    mask = mask.to(logprobs.dtype)
+    summed micro-batch losses equal the full-batch token mean. Stats: `kl`, `clip_fraction` (token means)
+    and `excluded_tokens` (a count: see the module docstring's rule); they gain `is_weight` (token mean of w)
+    and `is_truncated_fraction` when `proximal_logprobs` is given."""
+    response = mask > 0
+    terms = [logprobs, behaviour_logprobs]
+    terms += [proximal_logprobs] if proximal_logprobs is not None else []
+    terms += [ref_logprobs] if config.kl_coef > 0 and ref_logprobs is not None else []
+    counts = response & torch.stack([torch.isfinite(t) for t in terms]).all(0)  # [N, T] the tokens that count
+    weight = counts.to(logprobs.dtype)
+
+    def masked(values: torch.Tensor) -> torch.Tensor:  # 0 wherever a token does not count, before any arithmetic
+        return torch.where(counts, values, torch.zeros((), dtype=values.dtype))
+
     denominator = num_tokens if num_tokens is not None else mask.sum().clamp_min(1)
-    anchor = behaviour_logprobs if proximal_logprobs is None else proximal_logprobs
-    ratio = torch.exp(logprobs - anchor)
+    current, behaviour = masked(logprobs), masked(behaviour_logprobs)
+    proximal = None if proximal_logprobs is None else masked(proximal_logprobs)
+    anchor = behaviour if proximal is None else proximal
+    ratio = torch.exp(current - anchor)
     adv = advantages.unsqueeze(1)
     clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
     surrogate = torch.minimum(ratio * adv, clipped * adv)
     extra = {}
-    if proximal_logprobs is not None:
-        raw = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
-        weight = raw.clamp(max=config.is_cap)
-        surrogate = weight * surrogate
-        extra = {"is_weight": float((weight * mask).sum() / denominator),
-                 "is_truncated_fraction": float(((raw > config.is_cap).to(mask.dtype) * mask).sum() / denominator)}
+    if proximal is not None:
+        raw = torch.exp(proximal - behaviour).detach()
+        is_weight = raw.clamp(max=config.is_cap)
+        surrogate = is_weight * surrogate
+        extra = {"is_weight": float((is_weight * weight).sum() / denominator),
+                 "is_truncated_fraction": float(((raw > config.is_cap).to(weight.dtype) * weight).sum() / denominator)}
     objective = surrogate
     kl = torch.zeros((), dtype=logprobs.dtype)
     if config.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("grpo.kl_coef > 0 needs reference logprobs")
-        delta = ref_logprobs - logprobs
+        delta = masked(ref_logprobs) - current
         per_token_kl = torch.exp(delta) - delta - 1
         objective = surrogate - config.kl_coef * per_token_kl
-        kl = (per_token_kl * mask).sum() / denominator
-    loss = -(objective * mask).sum() / denominator
+        kl = (per_token_kl * weight).sum() / denominator
+    loss = -(objective * weight).sum() / denominator
     with torch.no_grad():
-        clip_frac = (((ratio < 1 - config.clip_low) | (ratio > 1 + config.clip_high)).to(mask.dtype) * mask).sum() / denominator
-    return loss, {"kl": float(kl), "clip_fraction": float(clip_frac), **extra}
+        outside = (ratio < 1 - config.clip_low) | (ratio > 1 + config.clip_high)
+        clip_frac = (outside.to(weight.dtype) * weight).sum() / denominator
+    return loss, {"kl": float(kl.detach()), "clip_fraction": float(clip_frac),
+                  "excluded_tokens": int((response & ~counts).sum()), **extra}

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specrl.finite_step import finite_step
+
 from specrl.models.checkpoint import load_config
 from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.sequences import TrainBatch
@@ -115,9 +117,8 @@ class HeadTrainer:
 
     def step(self) -> dict[str, float]:
         """Apply the accumulated gradient; returns the pre-update loss and expected acceptance per depth."""
-        torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
-        self.optimizer.step()
-        stats = {"draft_loss": self.loss_sum / max(self.weighted_rows, 1.0)}
+        _, skipped = finite_step(self.optimizer, list(self.head.parameters()), self.loss_sum, 1.0, f"{self.head.kind} head")
+        stats = {"draft_loss": self.loss_sum / max(self.weighted_rows, 1.0), "draft_step_skipped": int(skipped)}
         for j, (a, n) in enumerate(zip(self.acceptance_sum, self.rows), start=1):
             stats[f"draft_expected_acceptance_depth{j}"] = a / max(n, 1)
         stats["draft_expected_acceptance"] = stats["draft_expected_acceptance_depth1"]

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from specrl.device import resolve_device
+from specrl.finite_step import finite_step
 from specrl.rl.sequences import TrainBatch, train_batch
 from specrl.models.checkpoint import load_causal_lm
 from specrl.rl.grpo import GRPOConfig, grpo_loss
@@ -99,6 +100,13 @@ def align_per_token(values: list[list[float]], prompts: list[list[int]], width: 
     for i, (row, prompt) in enumerate(zip(values, prompts)):
         out[i, len(prompt) - 1: len(prompt) - 1 + len(row)] = torch.tensor(row)
     return out
+
+
+def with_parity_mean(stats: dict) -> dict:
+    """stats with `logprob_abs_error_mean`: the engine-vs-trainer |logprob error| averaged over `parity_tokens`,
+    the response tokens both score finitely (the tokens the trainer's truncation excludes are counted
+    apart, in `excluded_tokens`). Ranks report sums; `combine_stats` calls this again on their total."""
+    return {**stats, "logprob_abs_error_mean": stats["logprob_abs_error_sum"] / max(stats["parity_tokens"], 1)}
 
 
 def check_sampling(sampling: SamplingParams) -> None:
@@ -208,8 +216,8 @@ class PolicyTrainer:
         With several ranks each passes its own rows and the whole batch's `num_tokens`; the stats
         are then this rank's shares (sums over ranks give the batch's; see `TrainerGroup`)."""
         num_tokens = num_tokens if num_tokens is not None else sum(len(r) for r in responses)
-        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-        abs_err, max_err = 0.0, 0.0
+        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "excluded_tokens": 0}
+        abs_err, max_err, parity_tokens = 0.0, 0.0, 0
         self.optimizer.zero_grad(set_to_none=True)
         size = self.optim.micro_batch_size
         starts = range(0, len(prompts), size)
@@ -238,16 +246,16 @@ class PolicyTrainer:
             stats["loss"] += float(loss.detach())
             for key, value in micro.items():
                 stats[key] = stats.get(key, 0.0) + value
-            with torch.no_grad():
-                err = (logprobs - behaviour).abs() * batch.loss_mask
+            with torch.no_grad():  # over the tokens both sides score finitely (a NaN or -inf must not hide)
+                counted = (batch.loss_mask > 0) & torch.isfinite(logprobs) & torch.isfinite(behaviour)
+                err = torch.where(counted, logprobs - behaviour, 0.0).abs()
                 abs_err += float(err.sum())
                 max_err = max(max_err, float(err.max()))
+                parity_tokens += int(counted.sum())
             if on_micro_batch is not None:
                 on_micro_batch(batch, logits.detach(), hidden)
-        if self.optim.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm)
-            stats["grad_norm"] = float(full_tensor(norm))
-        self.optimizer.step()
-        stats["logprob_abs_error_mean"] = abs_err / max(num_tokens, 1)
-        stats["logprob_abs_error_max"] = max_err
-        return stats
+        stats["grad_norm"], skipped = finite_step(self.optimizer, list(self.model.parameters()), stats["loss"],
+                                                  self.optim.max_grad_norm, "policy")
+        stats["policy_step_skipped"] = int(skipped)
+        stats.update(logprob_abs_error_sum=abs_err, logprob_abs_error_max=max_err, parity_tokens=parity_tokens)
+        return with_parity_mean(stats)

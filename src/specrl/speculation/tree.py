@@ -25,7 +25,16 @@ s_j(c_j) min(1, r_j(c_j) / s_j(c_j)) = min(r_j, s_j)(c_j), and otherwise the nex
 which is r_{j+1} whatever c_j was (the next stage is exact for any proposal); since
 min(r_j, s_j) + (1 - sum min(r_j, s_j)) r_{j+1} = r_j, stage j outputs r_j, and stage 1 outputs p.
 Deterministic candidates (top-w of a draft, n-gram, greedy heads) are the same path with s_j
-one-hot on c_j: c_j is accepted with probability r_j(c_j). The tokens after c_j are exact by the
+one-hot on c_j: c_j is accepted with probability r_j(c_j).
+
+Truncated drafts (top-k / top-p, or a reduced vocabulary) may give q_1 fewer than w tokens of mass.
+Then the draws without replacement exhaust it, s_j = 0 for every later stage, and the proposer
+pads the tree with tokens of zero draft mass, which were not drawn from s_j. Such a candidate is
+accepted with probability 0 (`acceptance_probs` at s_j(c_j) = 0), and r_{j+1} = norm(max(0, r_j - 0))
+= r_j, so stage j outputs r_{j+1} = r_j: the induction holds, and padding only costs width.
+(Accepting it when r_j(c_j) > 0, the limit of the ratio, would emit c_j with probability 1 in
+place of r_j: every sample would be the padded token.) While s_j has mass, the candidate has
+s_j(c_j) > 0, because Gumbel top-w draws every token of positive mass before any other. The tokens after c_j are exact by the
 chain theorem, the branch's drafts having been drawn given c_j. At temperature 0 (p one-hot) the
 output is plain greedy decoding.
 """

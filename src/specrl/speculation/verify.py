@@ -41,13 +41,16 @@ def acceptance_probs(
 ) -> torch.Tensor:
     """min(1, p_i(x_i) / q_i(x_i)) for each draft token -> [B, K].
 
-    A token with q_i(x_i) = 0 cannot have been proposed by sampling from q; it is
-    accepted iff p_i(x_i) > 0, the limit of the ratio.
+    A token with q_i(x_i) = 0 cannot have been drawn from q: it is accepted with
+    probability 0, so a residual never vouches for a token the draft did not propose.
+    (A chain never holds one; a tree pads its candidates with such tokens once the draft's
+    support is exhausted, and `tree` needs them rejected: see its theorem.)
+    One-hot proposals (`draft_probs=None`) have q_i(x_i) = 1.
     """
     K = draft_tokens.shape[1]
     p = _draft_token_probs(draft_tokens, target_probs[:, :K])
     q = _draft_token_probs(draft_tokens, draft_probs)
-    ratio = torch.where(q > 0, p / q.clamp_min(torch.finfo(q.dtype).tiny), (p > 0).to(p.dtype))
+    ratio = torch.where(q > 0, p / q.clamp_min(torch.finfo(q.dtype).tiny), 0.0)
     return ratio.clamp(max=1.0)
 
 

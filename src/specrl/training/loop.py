@@ -6,6 +6,8 @@ gradient norm clipped at 1. It stops after `steps` optimiser steps or `seconds` 
 time, whichever comes first, and the cosine follows the same budget: its progress is the
 larger of the step and the time fraction, so a run whose time runs out first still anneals to
 lr / 10 instead of stopping near the peak. It shows a progress bar with the recent mean loss.
+A step whose loss or gradient is not finite is skipped with a warning (`finite_step`); after
+`MAX_SKIPPED_STEPS` of them the run stops with an error instead of spinning on bad data.
 `shuffled_batches` feeds it shuffled passes over a dataset in micro-batches.
 """
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
+
+from specrl.finite_step import finite_step
+
+MAX_SKIPPED_STEPS = 10
 
 
 def learning_rate(step: int, lr: float, warmup: int, steps: int, time_fraction: float = 0.0) -> float:
@@ -54,7 +60,7 @@ def fit(params: list[torch.Tensor], loss_fn: Callable[[int], torch.Tensor], step
         desc: str, weight_decay: float = 0.0, seconds: float = math.inf, window: int = 20) -> tuple[float, int]:
     """Minimise `loss_fn(step)`; returns (mean loss of the last `window` steps, steps taken)."""
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
-    start, recent, step = time.perf_counter(), [], 0
+    start, recent, step, skips = time.perf_counter(), [], 0, 0
     bar = tqdm(total=steps, desc=desc, unit="step", dynamic_ncols=True)
     while step < steps and (elapsed := time.perf_counter() - start) < seconds:
         for group in opt.param_groups:
@@ -62,11 +68,14 @@ def fit(params: list[torch.Tensor], loss_fn: Callable[[int], torch.Tensor], step
         loss = loss_fn(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        recent = (recent + [loss.item()])[-window:]
+        _, skipped = finite_step(opt, params, loss.item(), 1.0, f"{desc} step {step}")
+        skips += skipped
+        if skips > MAX_SKIPPED_STEPS:
+            raise FloatingPointError(f"{desc}: {skips} optimiser steps had a non-finite loss or gradient; stopping "
+                                     "(the weights hold the last finite step's values)")
+        recent = recent if skipped else (recent + [loss.item()])[-window:]
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}")
+        bar.set_postfix(loss=f"{sum(recent) / max(len(recent), 1):.4f}")
     bar.close()
     return sum(recent) / max(len(recent), 1), step
