@@ -191,8 +191,11 @@ def _build(cls, data: dict, where: str):
         raise ValueError(f"config section '{where or 'root'}' must be a mapping, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
+    prefix = f"{where}." if where else ""
+    for key in unknown:  # a key a section dropped: say why, not just that it is unknown
+        if key in getattr(cls, "REMOVED", {}):
+            raise ValueError(f"config key '{prefix}{key}' was removed: {cls.REMOVED[key]}")
     if unknown:
-        prefix = f"{where}." if where else ""
         raise ValueError(f"unknown config key(s) {[prefix + k for k in unknown]}; known in "
                          f"'{where or 'root'}': {sorted(fields)}")
     hints = typing.get_type_hints(cls)

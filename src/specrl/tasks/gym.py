@@ -2,18 +2,20 @@
 
 A task yields `Problem`s; `render` turns one into prompt text (through the model's
 chat template when the tokenizer has one); `reward` scores a response with the
-dataset's own scorer: 1.0 when the extracted answer scores >= 1, else 0.0.
-The answer is taken from the last `<answer>...</answer>` in the response, or, when
-there is none, the last number in it. A scorer that raises on a malformed answer scores 0.
+dataset's own scorer, or specrl's rewrite of it: 1.0 when the extracted answer scores
+>= 1, else 0.0. The answer is taken from the last `<answer>...</answer>` in the response,
+or, when there is none, the last number in it. A scorer that raises on a malformed answer
+scores 0.
 
 Which scorers run in the trainer's process. A reasoning-gym scorer receives text the model
 wrote. `SAFE_SCORERS` lists the datasets of reasoning-gym 0.1.25 whose `score_answer` was
 read, with every function it calls, and fed code-executing answers: they only compare,
 split, regex-match or parse numbers, JSON and grids (the audit is in docs/tasks.md).
-Every other dataset is refused by default with the reason (`EVALUATING_SCORERS`: `eval`
-or sympy's `parse_expr`, which calls `eval`; `FLAWED_SCORERS`: a verifier that does not
-verify). With `task.isolated_scoring=true` a refused dataset is scored in a separate
-worker process instead (`isolated_scorer`).
+Datasets whose scorer runs the answer as code but can be scored by reading it are scored by
+specrl's own scorer instead (`safe_scorers.REWRITTEN_SCORERS`: countdown, puzzle24 and the
+exact-match ones). Every other dataset is refused with the reason (`EVALUATING_SCORERS`:
+sympy's `parse_expr`, which calls `eval`, where checking the answer needs symbolic algebra;
+`FLAWED_SCORERS`: a verifier that does not verify).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import reasoning_gym
 
-from specrl.tasks.isolated_scorer import IsolatedScorer
+from specrl.tasks.safe_scorers import REWRITTEN_SCORERS
 from specrl.tasks.task import TaskConfig
 
 INSTRUCTION = "Solve the problem. Give only the final answer inside <answer></answer>."
@@ -45,16 +47,11 @@ SAFE_SCORERS = frozenset((
     "time_intervals", "tower_of_hanoi", "tsumego", "word_ladder", "word_sequence_reversal", "word_sorting",
     "zebra_puzzles",
 ))
-EVALUATING_SCORERS = {
-    "binary_matrix": "its scorer calls eval() on the answer",
-    "n_queens": "its scorer calls eval() on the answer",
-    "spiral_matrix": "its scorer calls eval() on the answer",
-    "string_insertion": "its scorer calls eval() on the answer",
-    "countdown": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
-    "puzzle24": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
-    "intermediate_integration": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
-    "simple_integration": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
-    "polynomial_multiplication": "its scorer parses the answer with sympy's parse_expr, which calls eval()",
+_SYMPY = "its scorer parses the answer with sympy's parse_expr, which calls eval(); a safe check needs symbolic algebra"
+EVALUATING_SCORERS = {  # no rewrite in safe_scorers: these need more than arithmetic to check
+    "intermediate_integration": _SYMPY + " (an antiderivative in a variable), not arithmetic",
+    "simple_integration": _SYMPY + " (an antiderivative in a variable), not arithmetic",
+    "polynomial_multiplication": _SYMPY + " (polynomials in variables, with **), not arithmetic",
     "composite": "it scores with the scorers of the datasets it wraps, eval-based ones included",
 }
 FLAWED_SCORERS = {
@@ -64,7 +61,7 @@ FLAWED_SCORERS = {
 
 def scorer_refusal(name: str) -> str | None:
     """Why a dataset's scorer may not run in the trainer's process, or None when it may."""
-    if name in SAFE_SCORERS:
+    if name in SAFE_SCORERS or name in REWRITTEN_SCORERS:
         return None
     return EVALUATING_SCORERS.get(name) or FLAWED_SCORERS.get(name) or \
         "its scorer has not been vetted (specrl's list is for reasoning-gym 0.1.25)"
@@ -91,19 +88,15 @@ def extract_answer(response: str) -> str | None:
 class ReasoningGymTask:
     def __init__(self, config: TaskConfig):
         refusal = scorer_refusal(config.name)
-        if refusal in FLAWED_SCORERS.values():
-            raise ValueError(f"task {config.name!r} is refused: {refusal}")
-        if refusal is not None and not config.isolated_scoring:
-            raise ValueError(f"task {config.name!r} is refused: {refusal}, and the answer is text the model wrote. "
-                             "Pick another dataset, or set task.isolated_scoring=true to score it in a separate "
-                             "worker process (isolation, not a sandbox: see docs/tasks.md)")
-        self.isolated = IsolatedScorer(config) if config.isolated_scoring else None
+        if refusal is not None:
+            raise ValueError(f"task {config.name!r} is refused: {refusal}. Pick another dataset (docs/tasks.md)")
         try:
             self.dataset = reasoning_gym.create_dataset(config.name, size=config.size, seed=config.seed,
                                                         **config.difficulty)
         except (ValueError, TypeError, KeyError) as err:
             raise ValueError(f"task {config.name!r} with difficulty {config.difficulty}: {err}") from err
         self.config = config
+        self.score = REWRITTEN_SCORERS.get(config.name, self.dataset.score_answer)  # (answer, entry) -> score
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -124,10 +117,8 @@ class ReasoningGymTask:
         answer = extract_answer(response)
         if answer is None:
             return 0.0
-        if self.isolated is not None:
-            return 1.0 if self.isolated.score(problem.index, answer) >= 1.0 else 0.0
         try:
-            score = self.dataset.score_answer(answer, problem.entry)
+            score = self.score(answer, problem.entry)
         except Exception:  # noqa: BLE001 - some scorers raise on malformed answers (prime_factorization: int())
             return 0.0
         return 1.0 if score >= 1.0 else 0.0

@@ -20,14 +20,14 @@ class TaskConfig:
     """Where prompts and rewards come from."""
 
     SECTION: ClassVar[str] = "task"
+    REMOVED: ClassVar[dict[str, str]] = {
+        "isolated_scoring": "its worker ran the model's answer as code; every dataset it served is now scored "
+                            "by a parser that never runs the answer, or refused (docs/tasks.md)"}
 
     name: str = "arithmetic"  # arithmetic (the tiny model's own task) or a reasoning-gym dataset name
     size: int = within(100_000, "[1, inf)")  # problems generated (procedurally, offline)
     seed: int = 0  # generation seed
     difficulty: dict = field(default_factory=dict)  # arithmetic: {"digits": 2, "ops": ["+"]}; reasoning-gym kwargs
-    # score a reasoning-gym dataset whose scorer evaluates the answer (refused by default) in a separate,
-    # limited worker process; see specrl.tasks.gym and docs/tasks.md
-    isolated_scoring: bool = False
 
     def __post_init__(self):
         check_fields(self)
