@@ -11,7 +11,9 @@ the batch, each on its own prompts, which averages the lengths out. `ignore_eos`
 difference out altogether, each row generating max_tokens.
 A temperature-0 run with and without speculation checks exactness token for token;
 at temperature 1 the mean logprob of the sampled tokens must agree within noise
-(`logprob_z`: a two-sample z-score over per-sequence means).
+(`logprob_z`: a two-sample z-score over per-sequence means, resting on `logprob_z_sequences` sequences
+per side), and so must the response lengths (`length_ks_pvalue`: a two-sample Kolmogorov-Smirnov test).
+These are smoke checks with little power at a bench's sample sizes; the exactness tests are the proof.
 
 The step's cost model, for the embedded engine (on its fast path unless `compile` is off):
 
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
+from scipy.stats import ks_2samp
 
 from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_causal_lm, load_config, load_tokenizer
@@ -127,6 +130,15 @@ def logprob_z(base_runs, spec_runs) -> float:
         return float("nan")
     se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
     return (statistics.mean(a) - statistics.mean(b)) / se if se > 0 else 0.0
+
+
+def length_ks_pvalue(base_runs, spec_runs) -> float:
+    """Two-sample Kolmogorov-Smirnov p-value of the response lengths, speculation on vs off (exactness says
+    one distribution; a length bias, from EOS or max_tokens handled wrongly mid-chain, shows here first)."""
+    def lengths(runs):
+        return [len(c.token_ids) for r in runs for c in r.completions]
+    a, b = lengths(spec_runs), lengths(base_runs)
+    return float(ks_2samp(a, b).pvalue) if a and b else float("nan")
 
 
 @torch.inference_mode()
@@ -238,7 +250,9 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
-        "logprob_z": logprob_z(runs["base"], runs["spec"]), **costs,
+        "logprob_z": logprob_z(runs["base"], runs["spec"]),
+        "logprob_z_sequences": {name: sum(len(r.completions) for r in runs[name]) for name in ("base", "spec")},
+        "length_ks_pvalue": length_ks_pvalue(runs["base"], runs["spec"]), **costs,
         "mean_response_tokens": statistics.mean(len(c.token_ids) for r in runs["base"] for c in r.completions),
         "mean_response_tokens_spec": statistics.mean(len(c.token_ids) for r in runs["spec"] for c in r.completions),
     }
