@@ -27,6 +27,7 @@ from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.eagle3 import Eagle3Head
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.hybrid import HybridProposer
+from specrl.speculation.int8_draft import Int8DraftProposer
 from specrl.speculation.mtp import MTPHead
 from specrl.speculation.proposer import ProposalContext
 from specrl.speculation.proposer_registry import PROPOSER_NAMES
@@ -61,6 +62,7 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
         "eagle3": lambda: HeadProposer(perturbed(Eagle3Head.from_target(model, d2t=torch.arange(0, 40, 2)))),
         "mtp": lambda: HeadProposer(perturbed(MTPHead.from_target(model))),
         "hybrid": lambda: HybridProposer(HeadProposer(perturbed(MTPHead.from_target(model))), explore_every=2),
+        "int8": lambda: Int8DraftProposer(model),
     }[proposer]()
     return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive,
                                                                      fixed_tree_width=tree_width))
@@ -93,7 +95,7 @@ def test_greedy_engine_matches_transformers_generate(target_dir, fast):
 
 
 @PATHS
-@pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft", "self", "eagle3", "mtp", "hybrid"])
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft", "self", "eagle3", "mtp", "hybrid", "int8"])
 def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, proposer, fast):
     params = SamplingParams(temperature=0, max_tokens=24, n=2)
     base = make_engine(target_dir, fast=fast).generate(PROMPTS, params)
@@ -137,8 +139,10 @@ def two_token_pvalue(result, exact: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("proposer, fast", [("draft", True), ("ngram", True), ("suffix", True), ("eagle3", True),
-                                            ("mtp", True), ("hybrid", True), ("draft", False), ("ngram", False)],
-                         ids=["draft", "ngram", "suffix", "eagle3", "mtp", "hybrid", "draft-eager", "ngram-eager"])
+                                            ("mtp", True), ("hybrid", True), ("int8", True), ("draft", False),
+                                            ("ngram", False), ("int8", False)],
+                         ids=["draft", "ngram", "suffix", "eagle3", "mtp", "hybrid", "int8", "draft-eager",
+                              "ngram-eager", "int8-eager"])
 def test_speculative_samples_follow_the_exact_target_distribution(target_dir, draft_dir, proposer, fast):
     """Chi-square of 6000 two-token samples against the exact joint; false failure odds 1e-4."""
     prompt, n = [3, 1, 3, 1, 3], 6000

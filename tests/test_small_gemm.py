@@ -4,6 +4,9 @@ Chain of invariants:
     kernel(x, pack(W))       == x @ W^T to fp32 rounding, for any M, N (not a multiple of 8 too) and K;
     each row's result        is the same bit for bit whatever the other rows (M) and the thread count;
     Projection, fast path    == Projection, eager, bias included;
+    int8 kernel(x, W)        == x @ (q * scale)^T, the dequantized weights, to fp32 rounding, and is batch-invariant
+                                like the fp32 kernel; quantize_int8 rounds each row to within half a step;
+    Int8Projection, fast     == Int8Projection, eager (the dequantized weights through MKL);
     a kernel that cannot run  warns once with the reason and the engine runs eager.
 """
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrl.engine.model import LlamaModel, Projection
+from specrl.engine.model import Int8Projection, LlamaModel, Projection
 from specrl.kernels import small_gemm
 
 pytestmark = pytest.mark.skipif(bool(small_gemm.unavailable()), reason=f"kernel unavailable: {small_gemm.unavailable()}")
@@ -60,3 +63,49 @@ def test_a_kernel_that_cannot_run_warns_and_the_engine_runs_eager(target_dir, mo
 def test_the_kernel_builds_from_its_source(tmp_path):
     built = small_gemm.build(tmp_path / "k.so")
     assert built.is_file() and built.stat().st_size > 1000
+
+
+def test_int8_quantization_is_symmetric_per_row_and_within_half_a_step():
+    generator = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 70, generator=generator) * torch.linspace(0.01, 3, 50).unsqueeze(1)
+    w[7] = 0.0  # a zero row quantizes to zeros
+    q, scale = small_gemm.quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.shape == (50,) and int(q.abs().max()) == 127
+    assert ((q.float() * scale.unsqueeze(1) - w).abs() <= scale.unsqueeze(1) / 2 + 1e-7).all()
+    assert (q[7] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 33, 200])
+@pytest.mark.parametrize("out_features, in_features", [(48, 64), (1001, 63), (7, 5)])
+def test_the_int8_kernel_equals_a_matmul_with_the_dequantized_weights(rows, out_features, in_features):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=generator)
+    q, scale = small_gemm.quantize_int8(torch.randn(out_features, in_features, generator=generator))
+    packed, scales = small_gemm.pack_int8(q, scale)
+    got = small_gemm.matmul(x, packed, out_features, scales=scales)
+    expected = (x.double() @ (q.double() * scale.double().unsqueeze(1)).T).float()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_int8_rows_result_does_not_depend_on_the_other_rows_or_the_threads():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 96, generator=generator)
+    packed, scales = small_gemm.pack_int8(*small_gemm.quantize_int8(torch.randn(200, 96, generator=generator)))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([small_gemm.matmul(x[i:i + 1], packed, 200, scales=scales) for i in range(40)])
+        torch.set_num_threads(2)
+        for m in (2, 4, 7, 16, 40):
+            assert torch.equal(small_gemm.matmul(x[:m], packed, 200, scales=scales), alone[:m])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 200])
+def test_fast_and_eager_int8_projections_agree_bias_included(rows):
+    w, b = torch.randn(30, 16), torch.randn(30)
+    x = torch.randn(2, rows, 16)
+    fast, eager = Int8Projection(Projection(w, b, fast=True)), Int8Projection(Projection(w, b))
+    assert fast.packed is not None and eager.packed is None
+    torch.testing.assert_close(fast(x), eager(x), rtol=1e-5, atol=1e-5)

@@ -25,6 +25,7 @@ row's logits are the same bit for bit whether it is decoded alone or verified wi
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from pathlib import Path
@@ -62,6 +63,31 @@ class Projection:
             return F.linear(x, self.weight, self.bias)
         else:
             y = x @ self.weight_t
+        return y + self.bias if self.bias is not None else y
+
+
+class Int8Projection:
+    """y = x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
+    `small_gemm.quantize_int8`), for the int8 self-draft. Activations stay fp32. On the fast path the int8
+    kernel streams a quarter of fp32's bytes (at every M: there is no int8 MKL path to hand large M to);
+    on the eager path the rounded weights are applied dequantized (the same values, so the same draft
+    either way, to fp32 rounding)."""
+
+    def __init__(self, projection: Projection):
+        self.bias = projection.bias
+        self.q, self.scale = small_gemm.quantize_int8(projection.weight)  # [out, in] int8, [out] fp32
+        fast = projection.packed is not None
+        self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale) if fast else (None, None)
+        self.weight_t = None if fast else self.dequantized().t().contiguous()  # eager: [in, out] fp32
+
+    def dequantized(self) -> torch.Tensor:
+        return self.q.float() * self.scale.unsqueeze(1)  # [out, in]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            y = x @ self.weight_t
+        else:
+            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales)
         return y + self.bias if self.bias is not None else y
 
 
@@ -217,6 +243,16 @@ class LlamaModel:
         self.embed, self.lm_head = embed, Projection(head, fast=self.fast_path)
         self.final_norm = get("model.norm.weight")
         self.d2t, self.layers = d2t, layers
+
+    def int8_copy(self) -> "LlamaModel":
+        """This model with every projection and the LM head rounded to int8 (`Int8Projection`), sharing the
+        embeddings, norms and RoPE tables: the int8 self-draft. It keeps no reference to the fp32 projections,
+        so a later `load_weights` on this model leaves the copy as it was until it is made again."""
+        draft = copy.copy(self)
+        draft.layers = [{name: Int8Projection(part) if isinstance(part, Projection) else part
+                         for name, part in layer.items()} for layer in self.layers]
+        draft.lm_head = Int8Projection(self.lm_head)
+        return draft
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.cfg

@@ -12,63 +12,96 @@
 // Batch invariance: every (row, output) is accumulated over k in the same order by one FMA chain,
 // whatever R, NB or M, so a row's result does not depend on the other rows in the call: verifying
 // k drafts gives the same logits as decoding the tokens one at a time.
+//
+// int8 weights (the self-draft): the same tiles over Wp[N8][K][8] int8 with one fp32 scale per output
+// (symmetric, per row of W). Each block's 8 weights are widened to fp32 in registers (vpmovsxbd,
+// vcvtdq2ps) and the FMA chain is the fp32 one; the scale multiplies the finished sum. A quarter of
+// the bytes streamed, the activations stay fp32, and it is batch-invariant for the same reason.
 #include <immintrin.h>
 #include <stdint.h>
 
-template <int R, int NB>
-static inline void tile(const float* x, int64_t ldx, const float* wp, int K, float* y, int64_t ldy) {
+static inline __m256 load8(const float* p) { return _mm256_load_ps(p); }
+static inline __m256 load8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+// scale: nullptr for fp32 weights, else the 8 * NB output scales of these blocks
+template <typename W, int R, int NB>
+static inline void tile(const float* x, int64_t ldx, const W* wp, const float* scale, int K, float* y, int64_t ldy) {
     __m256 acc[R][NB];
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
         _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm256_setzero_ps();
     const int64_t stride = (int64_t)K * 8;  // between consecutive blocks
     for (int k = 0; k < K; ++k) {
         __m256 w[NB];
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) w[b] = _mm256_load_ps(wp + b * stride + (int64_t)k * 8);
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) w[b] = load8(wp + b * stride + (int64_t)k * 8);
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
             __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
             _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm256_fmadd_ps(xv, w[b], acc[r][b]);
         }
     }
+    if (scale != nullptr)
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
+            const __m256 s = _mm256_loadu_ps(scale + b * 8);
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) acc[r][b] = _mm256_mul_ps(acc[r][b], s);
+        }
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
         _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) _mm256_storeu_ps(y + r * ldy + b * 8, acc[r][b]);
 }
 
 // Rows [0, M) against blocks [b0, b0 + nb) of W, in chunks of up to 8 rows: the first chunk streams
 // the blocks from memory, the others find them in the core's L2 cache.
-template <int R, int NB>
-static inline void tiles(const float* x, int K, const float* wp, int b0, int nb, float* y, int64_t ldy) {
+template <typename W, int R, int NB>
+static inline void tiles(const float* x, int K, const W* wp, const float* scale, int b0, int nb, float* y,
+                         int64_t ldy) {
     const int64_t stride = (int64_t)K * 8;
     int b = b0;
-    for (; b + NB <= b0 + nb; b += NB) tile<R, NB>(x, K, wp + (int64_t)b * stride, K, y + (int64_t)b * 8, ldy);
-    for (; b < b0 + nb; ++b) tile<R, 1>(x, K, wp + (int64_t)b * stride, K, y + (int64_t)b * 8, ldy);
+    for (; b + NB <= b0 + nb; b += NB)
+        tile<W, R, NB>(x, K, wp + (int64_t)b * stride, scale ? scale + b * 8 : nullptr, K, y + (int64_t)b * 8, ldy);
+    for (; b < b0 + nb; ++b)
+        tile<W, R, 1>(x, K, wp + (int64_t)b * stride, scale ? scale + b * 8 : nullptr, K, y + (int64_t)b * 8, ldy);
 }
 
-static void chunk(const float* x, int rows, int K, const float* wp, int b0, int nb, float* y, int64_t ldy) {
+template <typename W>
+static void chunk(const float* x, int rows, int K, const W* wp, const float* scale, int b0, int nb, float* y,
+                  int64_t ldy) {
     switch (rows) {
-        case 1: tiles<1, 3>(x, K, wp, b0, nb, y, ldy); break;
-        case 2: tiles<2, 3>(x, K, wp, b0, nb, y, ldy); break;
-        case 3: tiles<3, 3>(x, K, wp, b0, nb, y, ldy); break;
-        case 4: tiles<4, 3>(x, K, wp, b0, nb, y, ldy); break;
-        case 5: tiles<5, 2>(x, K, wp, b0, nb, y, ldy); break;
-        case 6: tiles<6, 2>(x, K, wp, b0, nb, y, ldy); break;
-        case 7: tiles<7, 1>(x, K, wp, b0, nb, y, ldy); break;
-        default: tiles<8, 1>(x, K, wp, b0, nb, y, ldy); break;
+        case 1: tiles<W, 1, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
+        case 2: tiles<W, 2, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
+        case 3: tiles<W, 3, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
+        case 4: tiles<W, 4, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
+        case 5: tiles<W, 5, 2>(x, K, wp, scale, b0, nb, y, ldy); break;
+        case 6: tiles<W, 6, 2>(x, K, wp, scale, b0, nb, y, ldy); break;
+        case 7: tiles<W, 7, 1>(x, K, wp, scale, b0, nb, y, ldy); break;
+        default: tiles<W, 8, 1>(x, K, wp, scale, b0, nb, y, ldy); break;
     }
 }
 
 // y is [M, 8 * N8] (row stride 8 * N8); x is [M, K] contiguous. Threads split the blocks of W in
-// groups of GROUP (a group's weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
+// groups of GROUP (a group's fp32 weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
 static const int GROUP = 6;
 
-extern "C" int specrl_small_gemm(const float* x, const float* wp, float* y, int M, int N8, int K, int threads) {
+template <typename W>
+static void gemm(const float* x, const W* wp, const float* scale, float* y, int M, int N8, int K, int threads) {
     const int64_t ldy = (int64_t)N8 * 8;
     const int groups = (N8 + GROUP - 1) / GROUP;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int g = 0; g < groups; ++g) {
         const int b0 = g * GROUP, nb = N8 - b0 < GROUP ? N8 - b0 : GROUP;
         for (int m = 0; m < M; m += 8)
-            chunk(x + (int64_t)m * K, M - m < 8 ? M - m : 8, K, wp, b0, nb, y + (int64_t)m * ldy, ldy);
+            chunk<W>(x + (int64_t)m * K, M - m < 8 ? M - m : 8, K, wp, scale, b0, nb, y + (int64_t)m * ldy, ldy);
     }
+}
+
+extern "C" int specrl_small_gemm(const float* x, const float* wp, float* y, int M, int N8, int K, int threads) {
+    gemm<float>(x, wp, nullptr, y, M, N8, K, threads);
+    return 0;
+}
+
+// The same for int8 weights: wp [N8][K][8] int8, scale [8 * N8] fp32 (one per output).
+extern "C" int specrl_small_gemm_int8(const float* x, const int8_t* wp, const float* scale, float* y, int M, int N8,
+                                      int K, int threads) {
+    gemm<int8_t>(x, wp, scale, y, M, N8, K, threads);
     return 0;
 }
 // 1 when this CPU runs AVX2 and FMA instructions (the kernel's), else 0.

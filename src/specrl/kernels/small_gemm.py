@@ -9,6 +9,12 @@ to MKL, which is efficient there.
     packed = pack(weight)              [N, K] -> [ceil(N/8), K, 8], once per weight load or sync
     y = matmul(x, packed, N)           x [..., K] -> y [..., N]
 
+int8 weights (the int8 self-draft), symmetric per output row, activations fp32:
+
+    q, scale = quantize_int8(weight)   [N, K] -> int8 [N, K], fp32 [N]: W ~ q * scale[:, None]
+    packed, scales = pack_int8(q, scale)         -> int8 [ceil(N/8), K, 8], fp32 [8 * ceil(N/8)]
+    y = matmul_int8(x, packed, scales, N)        x [..., K] -> y [..., N] = x (q * scale)^T
+
 Where the library comes from, in order: the copy `make` builds next to the source
 (`python -m specrl.kernels.small_gemm`), or one built on first use into the user's cache
 (`$SPECRL_CACHE/kernels`, else ~/.cache/specrl/kernels; keyed by the source's hash, so a
@@ -79,6 +85,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.specrl_small_gemm.argtypes = [p, p, p, i, i, i, i]
     lib.specrl_small_gemm.restype = i
+    lib.specrl_small_gemm_int8.argtypes = [p, p, p, p, i, i, i, i]
+    lib.specrl_small_gemm_int8.restype = i
     return lib, ""
 
 
@@ -96,14 +104,40 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, 8, K).transpose(1, 2).contiguous()
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32)."""
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] fp32 -> (q int8 [N, K], scale fp32 [N]): symmetric per output row, scale = max |w| / 127,
+    q = round(w / scale) in [-127, 127] (a zero row gets scale 1 and q 0)."""
+    scale = weight.abs().amax(dim=1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(weight / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+    return q, scale.float()
+
+
+def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], fp32 [N]) -> (int8 [ceil(N/8), K, 8] in `pack`'s layout, fp32 [8 * ceil(N/8)]); padded outputs
+    have weight 0 and scale 0."""
+    N, K = q.shape
+    N8 = -(-N // 8)
+    padded = torch.zeros(N8 * 8, K, dtype=torch.int8)
+    padded[:N] = q
+    scales = torch.zeros(N8 * 8, dtype=torch.float32)
+    scales[:N] = scale
+    return padded.view(-1, 8, K).transpose(1, 2).contiguous(), scales
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32); given the `scales` of
+    `pack_int8`, `packed` holds int8 weights and W = q * scale."""
     lib = _library()[0]
     K = packed.shape[1]
     rows = x.reshape(-1, K).contiguous()
     M, N8 = rows.shape[0], packed.shape[0]
     y = torch.empty(M, N8 * 8)
-    lib.specrl_small_gemm(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), M, N8, K, torch.get_num_threads())
+    if scales is None:
+        lib.specrl_small_gemm(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), M, N8, K, torch.get_num_threads())
+    else:
+        lib.specrl_small_gemm_int8(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, N8, K,
+                                   torch.get_num_threads())
     if N8 * 8 != out_features:
         y = y[:, :out_features]
     return y.reshape(*x.shape[:-1], out_features)

@@ -8,6 +8,8 @@
     eagle3   an EAGLE-3 head on the target's hidden states    eagle3          eagle3
     mtp      an MTP head on the target's last hidden state    mtp             mtp (specrl's model class)
     hybrid   per step, a model draft or the suffix draft      its model part  (refused)
+    int8     the policy itself, weights rounded to int8,      -               (refused)
+             rebuilt at every weight sync
 
 `none` (no speculation) is not a proposer; `PROPOSER_CHOICES` adds it for configs and CLIs.
 Everything that names proposers reads this module: `BackendConfig`'s choices, both backends,
@@ -26,6 +28,7 @@ from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.eagle3 import Eagle3Head
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.hybrid import HybridProposer
+from specrl.speculation.int8_draft import Int8DraftProposer
 from specrl.speculation.mtp import MTPHead
 from specrl.speculation.ngram import NgramConfig, NgramProposer
 from specrl.speculation.proposer import Proposer
@@ -72,6 +75,9 @@ KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (
                  _head_proposer("eagle3"), checkpoint="eagle3", head=Eagle3Head, vllm_method="eagle3"),
     ProposerKind("mtp", "a DeepSeek-V3-style MTP head on the target's last hidden state",
                  _head_proposer("mtp"), checkpoint="mtp", head=MTPHead, vllm_method="mtp"),
+    ProposerKind("int8", "the policy itself with int8 weights, rebuilt at every weight sync (no training)",
+                 lambda s: Int8DraftProposer(s.target),
+                 vllm_refusal="vLLM has no int8 self-draft (a quantized copy of the policy as its own draft)"),
     ProposerKind("hybrid", "per step, a model draft (hybrid_model) or the suffix draft, whichever pays more",
                  lambda s: HybridProposer(s.model_part, max_k=s.num_speculative_tokens),
                  vllm_refusal="vLLM has no hybrid proposer"),

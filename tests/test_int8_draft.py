@@ -1,0 +1,71 @@
+"""The int8 self-draft (`speculation/int8_draft.py`): the policy drafting for itself with int8 weights.
+
+Chain of invariants:
+    int8_copy(model)          == the same network with every projection and the LM head replaced by its
+                                 dequantized int8 weights, logits to fp32 rounding (fast and eager paths);
+    it shares the embeddings and norms, and a later load_weights on the target leaves it as it was;
+    the proposer rebuilds the copy after a weight sync, and only then (never stale, never rebuilt for nothing);
+    its exactness (speculation on == off at temperature 0, chi-square at temperature 1, q a distribution)
+    runs with every other proposer in tests/test_engine.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrl.engine.engine import EngineConfig, RolloutEngine
+from specrl.engine.model import LlamaModel
+from specrl.kernels import small_gemm
+from specrl.models.checkpoint import load_state_dict
+from specrl.sampling import SamplingParams
+from specrl.speculation.int8_draft import Int8DraftProposer
+
+PATHS = pytest.mark.parametrize("fast", [True, False], ids=["fast", "eager"])
+
+
+def rounded_state(target_dir) -> dict[str, torch.Tensor]:
+    """The checkpoint with every projection's weight (and the LM head) replaced by its int8 rounding."""
+    state = load_state_dict(target_dir)
+    for name in list(state):
+        if name.endswith("_proj.weight"):
+            q, scale = small_gemm.quantize_int8(state[name])
+            state[name] = q.float() * scale.unsqueeze(1)
+    head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+    q, scale = small_gemm.quantize_int8(head)
+    state["lm_head.weight"] = q.float() * scale.unsqueeze(1)
+    return state
+
+
+@PATHS
+def test_the_int8_copy_computes_the_network_with_rounded_weights(target_dir, fast):
+    """Rounding q, k, v (or gate, up) row by row is rounding the fused projection row by row: the same values."""
+    model = LlamaModel.from_pretrained(target_dir, fast_path=fast)
+    draft = model.int8_copy()
+    reference = LlamaModel(model.cfg, rounded_state(target_dir), fast_path=False)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    got, _ = draft.forward(tokens, draft.new_cache(2, 8))
+    expected, _ = reference.forward(tokens, reference.new_cache(2, 8))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    plain, _ = model.forward(tokens, model.new_cache(2, 8))
+    assert not torch.allclose(got, plain, atol=1e-6)  # it is rounded
+    assert draft.embed is model.embed and draft.final_norm is model.final_norm
+
+
+def test_the_draft_is_rebuilt_after_a_weight_sync_and_only_then(target_dir, tmp_path):
+    model = LlamaModel.from_pretrained(target_dir)
+    proposer = Int8DraftProposer(model)
+    engine = RolloutEngine(model, proposer=proposer, config=EngineConfig(num_speculative_tokens=3, adaptive=False))
+    params = SamplingParams(max_tokens=6, seed=0, ignore_eos=True)
+    first = proposer.model
+    engine.generate([[1, 2, 3]], params)
+    assert proposer.model is first  # same weights: nothing rebuilt
+
+    state = load_state_dict(target_dir)
+    state = {name: tensor * 1.5 if name.endswith("_proj.weight") else tensor for name, tensor in state.items()}
+    engine.load_weights(state, version=1)
+    assert proposer.model is first and first.layers[0]["down"].q is not None  # the old copy is untouched
+    result = engine.generate([[1, 2, 3]], params)
+    assert proposer.model is not first and proposer.rebuild_seconds > 0
+    q, _ = small_gemm.quantize_int8(state["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(proposer.model.layers[0]["down"].q, q)
+    assert result.spec.num_drafts > 0 and result.spec.acceptance_rate > 0.5  # drafts the new policy
