@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specrl.backends import BackendConfig
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
 from specrl.kernels import small_gemm
@@ -69,3 +70,12 @@ def test_the_draft_is_rebuilt_after_a_weight_sync_and_only_then(target_dir, tmp_
     q, _ = small_gemm.quantize_int8(state["model.layers.0.mlp.down_proj.weight"])
     assert torch.equal(proposer.model.layers[0]["down"].q, q)
     assert result.spec.num_drafts > 0 and result.spec.acceptance_rate > 0.5  # drafts the new policy
+
+
+def test_k_left_unset_is_the_proposers_own_default_and_a_set_k_wins():
+    """The self-draft is accepted ~0.97 per token on SmolLM2, so its chains may run to 8 (the controller still
+    chooses per step, and turns speculation off where it does not pay); every other kind keeps 3."""
+    assert BackendConfig(proposer="int8").speculative_tokens == 8
+    assert BackendConfig(proposer="eagle3").speculative_tokens == 3
+    assert BackendConfig(proposer="none").speculative_tokens == 0
+    assert BackendConfig(proposer="int8", num_speculative_tokens=2).speculative_tokens == 2

@@ -9,7 +9,8 @@ import torch
 
 from specrl.generation import GenerateResult
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer_registry import ModelDraftChoice, ProposerChoice, draft_kind
+from specrl.speculation.proposer_registry import (ModelDraftChoice, ProposerChoice, default_speculative_tokens,
+                                                   draft_kind)
 from specrl.validation import check_fields, within
 
 
@@ -26,7 +27,8 @@ class BackendConfig:
     proposer: ProposerChoice = "none"
     draft: str | None = None  # checkpoint of the draft / eagle3 / mtp head; None = the model's registered one
     hybrid_model: ModelDraftChoice = "eagle3"  # the model-draft half of proposer=hybrid: draft | eagle3 | mtp
-    num_speculative_tokens: int = within(3, "[0, inf)", alias="K")  # K, the most drafts verified per step
+    # K, the most drafts verified per step; None = the proposer's own default (3; int8, the self-draft: 8)
+    num_speculative_tokens: int | None = within(None, "[0, inf)", alias="K")
     adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost
     # embedded engine, hidden-state heads: trees of up to this many candidate first tokens are among the
     # adaptive choices (1 = chains only); with adaptive=false every step is a tree of fixed_tree_width
@@ -40,6 +42,13 @@ class BackendConfig:
 
     def __post_init__(self):
         check_fields(self)
+
+    @property
+    def speculative_tokens(self) -> int:
+        """K: `num_speculative_tokens`, or the proposer's default where it is unset."""
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        return default_speculative_tokens(self.proposer)
 
     @property
     def draft_kind(self) -> str | None:

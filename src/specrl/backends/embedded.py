@@ -28,8 +28,8 @@ class EmbeddedBackend:
         model = LlamaModel.from_pretrained(target_dir, fast_path=config.compile)
         self.proposer = build_proposer(config.proposer, model,
                                        draft_checkpoint(config.model, config.draft_kind, config.draft),
-                                       config.num_speculative_tokens, config.ngram_max_n, config.hybrid_model)
-        engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive,
+                                       config.speculative_tokens, config.ngram_max_n, config.hybrid_model)
+        engine_config = EngineConfig(num_speculative_tokens=config.speculative_tokens, adaptive=config.adaptive,
                                      max_model_len=config.max_model_len, max_tree_width=config.max_tree_width,
                                      fixed_tree_width=config.fixed_tree_width)
         self.engine = RolloutEngine(model, self.tokenizer, self.proposer, engine_config)

@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 from specrl.backends import BackendConfig, make_backend
 from specrl.bench.rollout_bench import bench_inputs
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
+from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES, default_speculative_tokens
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
 
@@ -36,7 +36,7 @@ class DraftersBenchConfig:
     proposers: tuple[str, ...] = PROPOSER_NAMES
     batches: tuple[int, ...] = (1, 4, 16)  # rows per call
     n: int = within(4, "[1, inf)")  # samples per prompt (capped at the batch): the group siblings draft from
-    k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
+    k: int | None = within(None, "[0, inf)", alias="K")  # num_speculative_tokens; None = each proposer's default
     adaptive: bool = True  # let the engine choose K per step (0 = off)
     hybrid_model: Literal[MODEL_DRAFTS] = "eagle3"  # type: ignore[valid-type]  # the model-draft half of the hybrid
     max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
@@ -91,7 +91,8 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
         n = min(config.n, batch)
         if batch % n:
             raise ValueError(f"batch {batch} must be a multiple of n {n} (batch = prompts x n)")
-        prompts, max_tokens = bench_inputs(config.model, batch // n, config.seed, config.max_tokens, config.k)
+        most_k = config.k if config.k is not None else max(map(default_speculative_tokens, config.proposers))
+        prompts, max_tokens = bench_inputs(config.model, batch // n, config.seed, config.max_tokens, most_k)
         inputs[batch] = prompts, n
         caps.append(max_tokens)
     config = dataclasses.replace(config, max_tokens=min(caps))
@@ -149,7 +150,7 @@ def plot_speedups(rows: list[dict], path: Path, config: DraftersBenchConfig) -> 
     ax.set_xlabel("batch (rows = prompts x n)")
     ax.set_ylabel("rollout speedup vs no speculation")
     mode = "adaptive K" if config.adaptive else f"K={config.k}"
-    ax.set_title(f"{config.model}, T={config.temperature:g}, {mode}, max K {config.k}")
+    ax.set_title(f"{config.model}, T={config.temperature:g}, {mode}, max K {'per proposer' if config.k is None else config.k}")
     ax.legend()
     ax.grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,13 @@
-"""Projection benchmark: one pass over a model's projections and LM head, eager (MKL) vs the fast path.
+"""Projection benchmark: one pass over a model's projections and LM head, eager (MKL) vs the fast path,
+and the int8 self-draft's projections beside them.
 
 The engine's `Projection` objects, built both ways from random weights of the model's shapes
 (every layer's fused qkv, o, fused gate/up and down, then the LM head: the weights one decode or
-verify step streams), multiply M rows; both variants alternate for `rounds` rounds and the
-median ms per pass is reported, with the weight-streaming rate it implies. Ends with one JSON line.
+verify step streams), multiply M rows; the int8 self-draft's `Int8Projection`s of the same weights
+do too, once per int8 kernel this CPU runs (`avx2`: int8 weights, fp32 activations; `vnni`: int8
+weights and activations, AVX-512 VNNI). All variants alternate for `rounds` rounds; the median ms
+per pass is reported, with the weight-streaming rate it implies and each int8 pass's cost as a
+share of the fp32 fast path's. Ends with one JSON line.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from specrl.engine.model import Projection, fast_path_available
+from specrl.engine.model import Int8Projection, Projection, fast_path_available, int8_kernels
 from specrl.models.checkpoint import load_config
 from specrl.models.registry import resolve_checkpoint
 from specrl.validation import check_fields, within
@@ -49,7 +53,9 @@ def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
         raise ValueError("the fast path's kernel is unavailable here (see the warning above)")
     shapes = model_shapes(config.model)
     weights = [torch.randn(out, inp) / inp ** 0.5 for out, inp in shapes]
-    variants = {"eager": [Projection(w) for w in weights], "fast": [Projection(w, fast=True) for w in weights]}
+    fast = [Projection(w, fast=True) for w in weights]
+    variants = {"eager": [Projection(w) for w in weights], "fast": fast,
+                **{f"int8_{kernel}": [Int8Projection(p, kernel) for p in fast] for kernel in int8_kernels()}}
     megabytes = sum(w.numel() for w in weights) * 4 / 1e6
     rows = []
     for i, m in enumerate(config.rows):
@@ -62,11 +68,14 @@ def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
                     p(inputs[inp])
                 if r:  # the first round warms up
                     times[name].append(time.perf_counter() - start)
-        eager, fast = (1000 * statistics.median(times[n]) for n in ("eager", "fast"))
-        rows.append({"rows": m, "eager_ms": eager, "fast_ms": fast, "speedup": eager / fast,
-                     "fast_gb_per_s": megabytes / fast})
+        ms = {name: 1000 * statistics.median(t) for name, t in times.items()}
+        rows.append({"rows": m, "eager_ms": ms["eager"], "fast_ms": ms["fast"], "speedup": ms["eager"] / ms["fast"],
+                     "fast_gb_per_s": megabytes / ms["fast"],
+                     **{f"{name}_ms": ms[name] for name in variants if name.startswith("int8")},
+                     **{f"{name}_vs_fast": ms[name] / ms["fast"] for name in variants if name.startswith("int8")}})
         if progress is not None:
             progress(i + 1, len(config.rows))
     one = rows[0]["fast_ms"] if config.rows[0] == 1 else None
     return {"model": config.model, "threads": torch.get_num_threads(), "weights_mb": megabytes, "rounds": config.rounds,
+            "int8_kernels": [name for name in variants if name.startswith("int8")],
             "rows": rows, "fast_cost_vs_one_row": {str(r["rows"]): r["fast_ms"] / one for r in rows} if one else None}

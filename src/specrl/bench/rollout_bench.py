@@ -45,7 +45,7 @@ from specrl.models.checkpoint import load_causal_lm, load_config, load_tokenizer
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer_registry import PROPOSER_NAMES
+from specrl.speculation.proposer_registry import PROPOSER_NAMES, default_speculative_tokens
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
 
@@ -62,7 +62,7 @@ class RolloutBenchConfig:
     backend: Literal["embedded", "vllm"] = "embedded"
     batch: int = within(4, "[1, inf)")  # rows per call: prompts x n
     n: int = within(1, "[1, inf)")  # samples per prompt (a GRPO group; the suffix proposer drafts from siblings)
-    k: int = within(3, "[0, inf)", alias="K")  # num_speculative_tokens
+    k: int | None = within(None, "[0, inf)", alias="K")  # num_speculative_tokens; None = the proposer's default
     adaptive: bool = True  # let the engine choose K per step (0 = off), and chain or tree
     tree_width: int = within(1, "[1, inf)")  # with adaptive=False: the tree width of every step (1 = a chain)
     max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
@@ -183,6 +183,8 @@ def bench_inputs(model: str, count: int, seed: int, max_tokens: int | None, k: i
 
 
 def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
+    if config.k is None:
+        config = dataclasses.replace(config, k=default_speculative_tokens(config.proposer))
     calls = -(-config.rows_per_round // config.batch)
     per_call = config.batch // config.n
     all_prompts, max_tokens = bench_inputs(config.model, calls * per_call, config.seed, config.max_tokens, config.k)

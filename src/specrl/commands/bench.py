@@ -64,10 +64,13 @@ def register(subparsers) -> None:
     q.set_defaults(func=run_drafters)
 
     e = KernelBenchConfig()
-    t = kinds.add_parser("kernel", help="one pass over a model's projections: eager (MKL) vs the fast path, per row count",
+    t = kinds.add_parser("kernel", help="one pass over a model's projections: eager (MKL) vs the fast path, and the int8 "
+                                           "self-draft's kernels, per row count",
                          description="Times the engine's projections and LM head at the model's shapes (random weights) "
                                      "for each row count M, eager and on the fast path (specrl's small-row kernel), "
-                                     "alternating; prints median ms per pass and the weight-streaming rate.")
+                                     "and with the weights rounded to int8 on each int8 kernel this CPU runs (the "
+                                     "self-draft's), alternating; prints median ms per pass, the weight-streaming "
+                                     "rate and each int8 pass as a share of the fp32 fast path's.")
     t.add_argument("--model", default=e.model, help="whose shapes (default: %(default)s)")
     t.add_argument("--rows", default=",".join(map(str, e.rows)), help="comma-separated M values (default: %(default)s)")
     t.add_argument("--rounds", type=int, default=e.rounds, help="timed rounds; medians reported (default: %(default)s)")
@@ -149,7 +152,7 @@ def run_drafters(args) -> dict:
     with progress_bar(f"bench drafters {config.model}", rounds) as update:
         summary = run_drafters_bench(config, progress=update)
     table = Table(title=f"drafters: {config.model}, T={config.temperature}, "
-                        f"{'adaptive K' if config.adaptive else 'K'} <= {config.k}")
+                        f"{'adaptive K' if config.adaptive else 'K'} <= {'per proposer' if config.k is None else config.k}")
     for column in ("proposer", "batch", "tokens/s", "speedup", "accept len", "accept per pos", "draft cost", "K used"):
         table.add_column(column)
     for row in summary["rows"]:
@@ -180,10 +183,12 @@ def run_kernel(args) -> dict:
     with progress_bar(f"bench kernel {config.model}", len(config.rows)) as update:
         summary = run_kernel_bench(config, progress=update)
     table = Table(title=f"projections of {config.model} ({summary['weights_mb']:.0f} MB), {summary['threads']} threads")
-    for column in ("rows M", "eager ms", "fast ms", "speedup", "fast GB/s"):
+    int8 = summary["int8_kernels"]
+    for column in ("rows M", "eager ms", "fast ms", "speedup", "fast GB/s", *(f"{name} ms (/ fast)" for name in int8)):
         table.add_column(column)
     for row in summary["rows"]:
         table.add_row(str(row["rows"]), f"{row['eager_ms']:.1f}", f"{row['fast_ms']:.1f}", f"{row['speedup']:.2f}x",
-                      f"{row['fast_gb_per_s']:.1f}")
+                      f"{row['fast_gb_per_s']:.1f}",
+                      *(f"{row[name + '_ms']:.1f} ({row[name + '_vs_fast']:.2f})" for name in int8))
     console.print(table)
     return summary

@@ -58,8 +58,7 @@ def run(args) -> dict:
     model, task_config, max_tokens, evaluated = _target(args.target, args.task)
     eval_config = EvalConfig(prompts=args.prompts, n=args.n, temperature=args.temperature, batch=args.batch)
     task = make_task(task_config)
-    backend = make_backend(BackendConfig(model=model, proposer=args.proposer,
-                                         num_speculative_tokens=0 if args.proposer == "none" else 3))
+    backend = make_backend(BackendConfig(model=model, proposer=args.proposer))
     with progress_bar(f"eval {task_config.name}", args.prompts) as update:
         result = evaluate(backend, task, backend.tokenizer, eval_config, args.max_tokens or max_tokens, args.seed,
                           progress=lambda done, total: update(done))

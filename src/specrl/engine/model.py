@@ -66,28 +66,59 @@ class Projection:
         return y + self.bias if self.bias is not None else y
 
 
-class Int8Projection:
-    """y = x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
-    `small_gemm.quantize_int8`), for the int8 self-draft. Activations stay fp32. On the fast path the int8
-    kernel streams a quarter of fp32's bytes (at every M: there is no int8 MKL path to hand large M to);
-    on the eager path the rounded weights are applied dequantized (the same values, so the same draft
-    either way, to fp32 rounding)."""
+def int8_kernels() -> tuple[str, ...]:
+    """The int8 kernels this CPU runs, the one `Int8Projection` uses by default first: `avx512` (int8 weights
+    widened to fp32 16 at a time, fp32 activations) where the CPU has AVX-512, `avx2` (the same 8 at a time)
+    wherever the fast path runs, and `vnni` (int8 activations too, AVX-512 VNNI) where the CPU has it."""
+    if small_gemm.unavailable():
+        return ()
+    return tuple(name for name, why in (("avx512", small_gemm.avx512_unavailable()), ("avx2", ""),
+                                        ("vnni", small_gemm.vnni_unavailable())) if not why)
 
-    def __init__(self, projection: Projection):
-        self.bias = projection.bias
+
+class Int8Projection:
+    """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
+    `small_gemm.quantize_int8`), for the int8 self-draft.
+
+    kernel  None: the first of `int8_kernels()` (the fastest that keeps fp32 activations);
+            `avx512` / `avx2`: activations stay fp32, each int8 weight is widened in registers, so a pass
+            streams a quarter of fp32's bytes at every M (there is no int8 MKL path to hand large M to);
+            `vnni`: the activations are rounded to int8 per row too, and the dot products are int8 x int8
+            (`small_gemm.matmul_int8_vnni`): faster, and a coarser draft (docs/drafters.md);
+            without the fast path the rounded weights are applied dequantized (the `avx2` / `avx512` values
+            to fp32 rounding).
+    """
+
+    def __init__(self, projection: Projection, kernel: str | None = None):
+        available = int8_kernels() if projection.packed is not None else ()
+        kernel = kernel or (available[0] if available else "eager")
+        if kernel not in available + ("eager",):
+            raise ValueError(f"int8 kernel {kernel!r} cannot run here; this CPU runs {', '.join(available) or 'none'}")
+        self.kernel, self.bias = kernel, projection.bias
         self.q, self.scale = small_gemm.quantize_int8(projection.weight)  # [out, in] int8, [out] fp32
-        fast = projection.packed is not None
-        self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale) if fast else (None, None)
-        self.weight_t = None if fast else self.dequantized().t().contiguous()  # eager: [in, out] fp32
+        self.packed = self.scales = self.vnni = self.weight_t = None
+        if kernel == "avx512":
+            self.packed, self.scales = small_gemm.pack_int8_avx512(self.q, self.scale)  # [N/16, in, 16], [N16]
+        elif kernel == "avx2":
+            self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale)  # [N/8, in, 8], [N8]
+        elif kernel == "vnni":
+            self.vnni = small_gemm.pack_int8_vnni(self.q, self.scale)
+        else:
+            self.weight_t = self.dequantized().t().contiguous()  # [in, out] fp32
 
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scale.unsqueeze(1)  # [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            y = x @ self.weight_t
+        out = self.q.shape[0]
+        if self.kernel == "avx512":
+            y = small_gemm.matmul_int8_avx512(x, self.packed, self.scales, out)
+        elif self.kernel == "avx2":
+            y = small_gemm.matmul(x, self.packed, out, scales=self.scales)
+        elif self.kernel == "vnni":
+            y = small_gemm.matmul_int8_vnni(x, self.vnni)
         else:
-            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales)
+            y = x @ self.weight_t
         return y + self.bias if self.bias is not None else y
 
 
@@ -244,14 +275,14 @@ class LlamaModel:
         self.final_norm = get("model.norm.weight")
         self.d2t, self.layers = d2t, layers
 
-    def int8_copy(self) -> "LlamaModel":
-        """This model with every projection and the LM head rounded to int8 (`Int8Projection`), sharing the
-        embeddings, norms and RoPE tables: the int8 self-draft. It keeps no reference to the fp32 projections,
-        so a later `load_weights` on this model leaves the copy as it was until it is made again."""
+    def int8_copy(self, kernel: str | None = None) -> "LlamaModel":
+        """This model with every projection and the LM head rounded to int8 (`Int8Projection`, on `kernel`),
+        sharing the embeddings, norms and RoPE tables: the int8 self-draft. It keeps no reference to the fp32
+        projections, so a later `load_weights` on this model leaves the copy as it was until it is made again."""
         draft = copy.copy(self)
-        draft.layers = [{name: Int8Projection(part) if isinstance(part, Projection) else part
+        draft.layers = [{name: Int8Projection(part, kernel) if isinstance(part, Projection) else part
                          for name, part in layer.items()} for layer in self.layers]
-        draft.lm_head = Int8Projection(self.lm_head)
+        draft.lm_head = Int8Projection(self.lm_head, kernel)
         return draft
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:

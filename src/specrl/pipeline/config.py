@@ -136,7 +136,7 @@ PRESETS: dict[str, dict] = {
     "tiny": {
         "run": {"steps": 400, "run_dir": "runs/tiny", "checkpoint_every": 100, "threads": 1},
         "task": {"name": "arithmetic", "difficulty": {"digits": 2, "ops": ["+"]}},
-        "backend": {"model": "tiny", "proposer": "ngram", "num_speculative_tokens": 3},
+        "backend": {"model": "tiny", "proposer": "ngram"},
         "rollout": {"max_tokens": 16, "prompts_per_step": 16},
         "grpo": {"group_size": 8},
         "optim": {"lr": 2e-4, "micro_batch_size": 64},
@@ -146,7 +146,7 @@ PRESETS: dict[str, dict] = {
     "smollm2-135m": {
         "run": {"steps": 40, "run_dir": "runs/smollm2-135m", "checkpoint_every": 10},
         "task": {"name": "chain_sum", "difficulty": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
-        "backend": {"model": "smollm2-135m", "proposer": "eagle3", "num_speculative_tokens": 3},
+        "backend": {"model": "smollm2-135m", "proposer": "eagle3"},
         "rollout": {"max_tokens": 128, "prompts_per_step": 4, "temperature": 0.7},
         "grpo": {"group_size": 8},
         "optim": {"lr": 1e-5, "micro_batch_size": 8},

@@ -55,6 +55,7 @@ class ProposerKind:
     head: type[DraftHead] | None = None  # the head class of a hidden-state head kind
     vllm_method: str | None = None  # vLLM's speculative_config method; None = not served by vLLM
     vllm_refusal: str = ""  # why vLLM cannot serve it
+    default_k: int = 3  # num_speculative_tokens when a config leaves it unset: the most drafts per step
 
 
 def _head_proposer(kind: str) -> Callable[[ProposerSetup], Proposer]:
@@ -76,7 +77,7 @@ KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (
     ProposerKind("mtp", "a DeepSeek-V3-style MTP head on the target's last hidden state",
                  _head_proposer("mtp"), checkpoint="mtp", head=MTPHead, vllm_method="mtp"),
     ProposerKind("int8", "the policy itself with int8 weights, rebuilt at every weight sync (no training)",
-                 lambda s: Int8DraftProposer(s.target),
+                 lambda s: Int8DraftProposer(s.target), default_k=8,  # accepted ~0.97 per token: long chains pay
                  vllm_refusal="vLLM has no int8 self-draft (a quantized copy of the policy as its own draft)"),
     ProposerKind("hybrid", "per step, a model draft (hybrid_model) or the suffix draft, whichever pays more",
                  lambda s: HybridProposer(s.model_part, max_k=s.num_speculative_tokens),
@@ -94,6 +95,11 @@ HEAD_KINDS = {kind.name: kind.head for kind in KINDS.values() if kind.head is no
 def draft_kind(proposer: str, hybrid_model: str) -> str | None:
     """The checkpoint kind a proposer loads (the hybrid's is its model part's), or None."""
     return hybrid_model if proposer == "hybrid" else KINDS[proposer].checkpoint if proposer in KINDS else None
+
+
+def default_speculative_tokens(proposer: str) -> int:
+    """K for a config that leaves num_speculative_tokens unset: the kind's `default_k` (0 for none)."""
+    return KINDS[proposer].default_k if proposer in KINDS else 0
 
 
 def build_proposer(proposer: str, target: LlamaModel, checkpoint: Path | None, num_speculative_tokens: int,

@@ -85,13 +85,13 @@ def check_lossless(spec: dict, lossy_acceptance: bool) -> None:
 
 def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | None:
     """vLLM's `speculative_config` for this backend, or None for no speculation (proposer none or K = 0)."""
-    if config.proposer == "none" or config.num_speculative_tokens == 0:
+    if config.proposer == "none" or config.speculative_tokens == 0:
         return None
     kind = KINDS[config.proposer]
     if kind.vllm_method is None:
         raise ValueError(f"proposer={config.proposer} is not available with backend=vllm: {kind.vllm_refusal}; "
                          "use backend=embedded")
-    spec: dict = {"num_speculative_tokens": config.num_speculative_tokens, "method": kind.vllm_method}
+    spec: dict = {"num_speculative_tokens": config.speculative_tokens, "method": kind.vllm_method}
     if kind.vllm_method == "ngram":
         spec.update(prompt_lookup_max=config.ngram_max_n, prompt_lookup_min=1)
     if kind.checkpoint is not None:
