@@ -67,26 +67,22 @@ class Projection:
 
 
 def int8_kernels() -> tuple[str, ...]:
-    """The int8 kernels this CPU runs, the one `Int8Projection` uses by default first: `avx512` (int8 weights
-    widened to fp32 16 at a time, fp32 activations) where the CPU has AVX-512, `avx2` (the same 8 at a time)
-    wherever the fast path runs, and `vnni` (int8 activations too, AVX-512 VNNI) where the CPU has it."""
+    """The int8 kernels this CPU runs, fastest first (the one `Int8Projection` uses by default): `avx512`
+    (int8 weights widened to fp32 16 at a time) where the CPU has AVX-512, and `avx2` (8 at a time)
+    wherever the fast path runs."""
     if small_gemm.unavailable():
         return ()
-    return tuple(name for name, why in (("avx512", small_gemm.avx512_unavailable()), ("avx2", ""),
-                                        ("vnni", small_gemm.vnni_unavailable())) if not why)
+    return ("avx512", "avx2") if not small_gemm.avx512_unavailable() else ("avx2",)
 
 
 class Int8Projection:
     """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
     `small_gemm.quantize_int8`), for the int8 self-draft.
 
-    kernel  None: the first of `int8_kernels()` (the fastest that keeps fp32 activations);
-            `avx512` / `avx2`: activations stay fp32, each int8 weight is widened in registers, so a pass
-            streams a quarter of fp32's bytes at every M (there is no int8 MKL path to hand large M to);
-            `vnni`: the activations are rounded to int8 per row too, and the dot products are int8 x int8
-            (`small_gemm.matmul_int8_vnni`): faster, and a coarser draft (docs/drafters.md);
-            without the fast path the rounded weights are applied dequantized (the `avx2` / `avx512` values
-            to fp32 rounding).
+    kernel  None: the first of `int8_kernels()`; `avx512` / `avx2`: activations stay fp32 and each int8
+            weight is widened in registers, so a pass streams a quarter of fp32's bytes at every M (there is
+            no int8 MKL path to hand large M to). Without the fast path the rounded weights are applied
+            dequantized: the same values to fp32 rounding, so the same draft either way.
     """
 
     def __init__(self, projection: Projection, kernel: str | None = None):
@@ -96,13 +92,11 @@ class Int8Projection:
             raise ValueError(f"int8 kernel {kernel!r} cannot run here; this CPU runs {', '.join(available) or 'none'}")
         self.kernel, self.bias = kernel, projection.bias
         self.q, self.scale = small_gemm.quantize_int8(projection.weight)  # [out, in] int8, [out] fp32
-        self.packed = self.scales = self.vnni = self.weight_t = None
+        self.packed = self.scales = self.weight_t = None
         if kernel == "avx512":
             self.packed, self.scales = small_gemm.pack_int8_avx512(self.q, self.scale)  # [N/16, in, 16], [N16]
         elif kernel == "avx2":
             self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale)  # [N/8, in, 8], [N8]
-        elif kernel == "vnni":
-            self.vnni = small_gemm.pack_int8_vnni(self.q, self.scale)
         else:
             self.weight_t = self.dequantized().t().contiguous()  # [in, out] fp32
 
@@ -115,8 +109,6 @@ class Int8Projection:
             y = small_gemm.matmul_int8_avx512(x, self.packed, self.scales, out)
         elif self.kernel == "avx2":
             y = small_gemm.matmul(x, self.packed, out, scales=self.scales)
-        elif self.kernel == "vnni":
-            y = small_gemm.matmul_int8_vnni(x, self.vnni)
         else:
             y = x @ self.weight_t
         return y + self.bias if self.bias is not None else y

@@ -18,7 +18,6 @@
 // vcvtdq2ps) and the FMA chain is the fp32 one; the scale multiplies the finished sum. A quarter of
 // the bytes streamed, the activations stay fp32, and it is batch-invariant for the same reason.
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 
 static inline __m256 load8(const float* p) { return _mm256_load_ps(p); }
@@ -81,7 +80,7 @@ static void chunk(const float* x, int rows, int K, const W* wp, const float* sca
 // y is [M, 8 * N8] (row stride 8 * N8); x is [M, K] contiguous. Threads split the blocks of W in
 // groups of GROUP (a group's fp32 weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
 static const int GROUP = 6;
-static const int GROUP16 = 4;  // int8 x int8: 4 blocks of 16 outputs, 4 * K bytes * 16
+static const int GROUP16 = 4;  // int8 AVX-512: 4 blocks of 16 outputs (4 * K * 16 bytes)
 
 template <typename W>
 static void gemm(const float* x, const W* wp, const float* scale, float* y, int M, int N8, int K, int threads) {
@@ -177,102 +176,6 @@ extern "C" int specrl_small_gemm_avx512_supported(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 
-// int8 x int8 (AVX-512 VNNI): the int8 weights times int8 activations quantized per row on the fly,
-// x[m] ~ sx[m] * xq[m] (symmetric, sx = max |x[m]| / 127, round half to even), int32 dot products by
-// vpdpbusd (u8 x s8 -> s32, 64 products per instruction). vpdpbusd wants one operand unsigned, so the
-// activations go in as xu = xq + 128 and the weights' row sums take the 128 back out:
-//     y[m][n] = sx[m] * sw[n] * (sum_k xu[m][k] w[n][k] - 128 * wsum[n]).
-// Layout: Wv[N16][K4][16][4], K4 = ceil(K / 4): block b holds outputs 16b..16b+15, and for each group
-// of 4 k their 16 x 4 weights are one 64-byte load; padding (k >= K, n >= N) is 0 in W, 128 in xu.
-// Integer sums are exact, so the result is batch-invariant whatever the tiling, and a row's sum is at
-// most K * 255 * 127 (< 2^31 for K < 66000).
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vnni")
-template <int R, int NB>
-static inline void vnni_tile(const uint8_t* xu, int64_t ldx, const int8_t* wp, int K4, const int32_t* wsum,
-                             const float* sw, const float* sx, float* y, int64_t ldy) {
-    __m512i acc[R][NB];
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
-    const int64_t stride = (int64_t)K4 * 64;  // between consecutive blocks
-    for (int k = 0; k < K4; ++k) {
-        __m512i w[NB];
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)
-            w[b] = _mm512_loadu_si512((const void*)(wp + b * stride + (int64_t)k * 64));
-        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
-            const __m512i xv = _mm512_set1_epi32(*(const int32_t*)(xu + r * ldx + (int64_t)k * 4));
-            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], xv, w[b]);
-        }
-    }
-    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
-        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void*)(wsum + b * 16)), 7);  // 128 * wsum
-        const __m512 s = _mm512_loadu_ps(sw + b * 16);
-        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
-            const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][b], offset));
-            _mm512_storeu_ps(y + r * ldy + b * 16, _mm512_mul_ps(_mm512_mul_ps(sum, s), _mm512_set1_ps(sx[r])));
-        }
-    }
-}
-
-template <int R, int NB>
-static inline void vnni_tiles(const uint8_t* xu, int64_t ldx, const int8_t* wp, int K4, const int32_t* wsum,
-                              const float* sw, const float* sx, int b0, int nb, float* y, int64_t ldy) {
-    const int64_t stride = (int64_t)K4 * 64;
-    int b = b0;
-    for (; b + NB <= b0 + nb; b += NB)
-        vnni_tile<R, NB>(xu, ldx, wp + (int64_t)b * stride, K4, wsum + b * 16, sw + b * 16, sx, y + (int64_t)b * 16, ldy);
-    for (; b < b0 + nb; ++b)
-        vnni_tile<R, 1>(xu, ldx, wp + (int64_t)b * stride, K4, wsum + b * 16, sw + b * 16, sx, y + (int64_t)b * 16, ldy);
-}
-
-static void vnni_chunk(const uint8_t* xu, int rows, int64_t ldx, const int8_t* wp, int K4, const int32_t* wsum,
-                       const float* sw, const float* sx, int b0, int nb, float* y, int64_t ldy) {
-    switch (rows) {
-        case 1: vnni_tiles<1, 4>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        case 2: vnni_tiles<2, 4>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        case 3: vnni_tiles<3, 4>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        case 4: vnni_tiles<4, 4>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        case 5: vnni_tiles<5, 2>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        case 6: vnni_tiles<6, 2>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        case 7: vnni_tiles<7, 2>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-        default: vnni_tiles<8, 2>(xu, ldx, wp, K4, wsum, sw, sx, b0, nb, y, ldy); break;
-    }
-}
-
-// x [M, K] fp32; wp [N16][K4][16][4] int8; wsum, sw [16 * N16]; y [M, 16 * N16]; xu a scratch of M * 4 * K4
-// bytes and sx of M floats (the caller's, so the call allocates nothing).
-extern "C" int specrl_small_gemm_int8_vnni(const float* x, const int8_t* wp, const int32_t* wsum, const float* sw,
-                                           float* y, int M, int N16, int K, uint8_t* xu, float* sx, int threads) {
-    const int K4 = (K + 3) / 4;
-    const int64_t ldx = (int64_t)K4 * 4, ldy = (int64_t)N16 * 16;
-    for (int m = 0; m < M; ++m) {  // quantize each row of x
-        const float* row = x + (int64_t)m * K;
-        float amax = 0.0f;
-        for (int k = 0; k < K; ++k) amax = fmaxf(amax, fabsf(row[k]));
-        sx[m] = amax > 0.0f ? amax / 127.0f : 1.0f;
-        const float inv = 1.0f / sx[m];
-        uint8_t* out = xu + m * ldx;
-        for (int k = 0; k < K; ++k) out[k] = (uint8_t)(128 + (int)nearbyintf(fminf(fmaxf(row[k] * inv, -127.0f), 127.0f)));
-        for (int k = K; k < ldx; ++k) out[k] = 128;
-    }
-    const int groups = (N16 + GROUP16 - 1) / GROUP16;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int g = 0; g < groups; ++g) {
-        const int b0 = g * GROUP16, nb = N16 - b0 < GROUP16 ? N16 - b0 : GROUP16;
-        for (int m = 0; m < M; m += 8)
-            vnni_chunk(xu + (int64_t)m * ldx, M - m < 8 ? M - m : 8, ldx, wp, K4, wsum, sw, sx + m, b0, nb,
-                       y + (int64_t)m * ldy, ldy);
-    }
-    return 0;
-}
-#pragma GCC pop_options
-
-// 1 when this CPU runs AVX-512 (F, BW) with VNNI (the int8 x int8 path), else 0.
-extern "C" int specrl_small_gemm_vnni_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vnni");
-}
 // 1 when this CPU runs AVX2 and FMA instructions (the kernel's), else 0.
 extern "C" int specrl_small_gemm_supported(void) {
     __builtin_cpu_init();
