@@ -1,7 +1,7 @@
 """Rollout benchmark: speculation off vs on (and transformers `generate`), alternating in one process.
 
-Each round runs the same prompts through every variant, in turn, with the same
-seed; tokens per second are the generated tokens over the wall time of the round's calls,
+Each round runs the same prompts through every variant, in turn, with the same seeds (one per
+call); tokens per second are the generated tokens over the wall time of the round's calls,
 and the reported figure is the median over rounds (these machines are noisy;
 `speedup_per_round` shows the spread). At temperature 1 the two variants sample different
 responses, so their lengths differ and so does how the batch drains (`mean_response_tokens` and
@@ -211,14 +211,18 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     runs = {"base": [], "spec": [], "eager": []}
     variants = (("base", base), ("spec", spec)) + ((("eager", eager),) if eager is not None else ())
     for r in range(config.rounds):
-        params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
-                                seed=config.seed + 1 + r, ignore_eos=config.ignore_eos)
+        # a seed per call: calls sharing one draw the same noise, so their samples are correlated and the
+        # two-sample logprob_z, which takes them as independent, reads too wide
+        params = [SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
+                                 seed=config.seed + 1 + r * calls + c, ignore_eos=config.ignore_eos)
+                  for c in range(calls)]
         for name, backend in variants:
-            results = [backend.generate(chunk, params) for chunk in chunks]
+            results = [backend.generate(chunk, p) for chunk, p in zip(chunks, params)]
             runs[name] += results
             rates[name].append(sum(x.num_tokens for x in results) / sum(x.seconds for x in results))
         if hf is not None:
-            timed = [hf.timed([p for p in chunk for _ in range(config.n)], params) for chunk in chunks]
+            timed = [hf.timed([p for p in chunk for _ in range(config.n)], call)
+                     for chunk, call in zip(chunks, params)]
             rates["hf"].append(sum(t for t, _ in timed) / sum(s for _, s in timed))
         if progress is not None:
             progress(r + 1, config.rounds)
