@@ -29,3 +29,37 @@ def test_ignore_eos_times_the_same_token_count_in_both_variants():
     assert summary["mean_response_tokens"] == summary["mean_response_tokens_spec"] == 16
     assert len(summary["speedup_per_round"]) == 2 and summary["greedy_match"]
     assert summary["calls_per_round"] == 4 and summary["rows_timed"] == 2 * 8
+
+
+def test_the_one_sample_exactness_z_is_centred_for_the_target_and_fails_for_a_flatter_sampler():
+    """`exact_terms`' z = sum(log p + H) / sqrt(sum Var) over 256 x 4 tokens from tiny: N(0, 1) for samples drawn
+    from p itself, and far below 0 for samples drawn at temperature 2 but scored at 1 (a sampler biased to less
+    likely tokens, as a lossy verifier is). False-failure odds of the first check: |z| > 4, about 6e-5."""
+    from specrl.backends import BackendConfig, make_backend
+    from specrl.bench.exactness_bench import exact_terms
+    from specrl.models.checkpoint import load_causal_lm
+    from specrl.models.registry import resolve_checkpoint
+    from specrl.sampling import SamplingParams
+
+    backend = make_backend(BackendConfig(model="tiny"))
+    reference = load_causal_lm(resolve_checkpoint("tiny")).eval()
+    prompt = backend.tokenizer.encode("12+34=", add_special_tokens=False)
+
+    def z(temperature: float) -> float:
+        drawn = backend.generate([prompt], SamplingParams(n=256, temperature=temperature, max_tokens=4, seed=3,
+                                                          ignore_eos=True))
+        _, _, d, var, _ = exact_terms(reference, prompt, [c.token_ids for c in drawn.completions],
+                                      SamplingParams(temperature=1.0))
+        return float(d.sum() / var.sum().sqrt())
+
+    assert abs(z(1.0)) < 4
+    assert z(2.0) < -8
+
+
+def test_the_exactness_bench_scores_every_variant():
+    from specrl.bench.exactness_bench import POSITIONS, ExactnessBenchConfig, run_exactness_bench
+
+    summary = run_exactness_bench(ExactnessBenchConfig(model="tiny", proposer="mtp", samples=3, max_tokens=4))
+    assert set(summary["variants"]) == {"none", "adaptive", "chain k=3", "tree k=3 w=3"}
+    for row in summary["variants"].values():
+        assert row["tokens"] > 0 and len(row["z_per_position"]) == POSITIONS and abs(row["z"]) < 10

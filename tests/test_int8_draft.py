@@ -79,3 +79,21 @@ def test_k_left_unset_is_the_proposers_own_default_and_a_set_k_wins():
     assert BackendConfig(proposer="eagle3").speculative_tokens == 3
     assert BackendConfig(proposer="none").speculative_tokens == 0
     assert BackendConfig(proposer="int8", num_speculative_tokens=2).speculative_tokens == 2
+
+
+def test_the_draft_drafts_on_from_the_targets_cache_and_never_runs_the_prompt(target_dir):
+    """No prefill of its own: its first pass feeds one token per row (the one the target has not cached yet), later
+    passes at most a step's emitted tokens (k + 1); a pass over the 7-token prompt would be 6 wide."""
+    model = LlamaModel.from_pretrained(target_dir)
+    proposer = Int8DraftProposer(model)
+    widths = []
+    forward = proposer.model.forward
+
+    def recorded(ids, cache, *args, **kwargs):
+        widths.append(ids.shape[1])
+        return forward(ids, cache, *args, **kwargs)
+
+    proposer.model.forward = recorded
+    engine = RolloutEngine(model, proposer=proposer, config=EngineConfig(num_speculative_tokens=2, adaptive=False))
+    result = engine.generate([[1, 2, 3, 4, 5, 6, 7]], SamplingParams(n=2, max_tokens=8, seed=0, ignore_eos=True))
+    assert widths[0] == 1 and max(widths) <= 3 and result.spec.num_drafts > 0

@@ -27,13 +27,14 @@ import pytest
 import torch
 from scipy.stats import kstest
 
+from specrl.bench.exactness_bench import exact_terms
 from specrl.engine.adaptive import SpeculationController
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.engine.model import LlamaModel
 from specrl.models.checkpoint import load_causal_lm, load_tokenizer
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.pipeline.config import preset_prompts
-from specrl.sampling import SamplingParams, sampling_logprobs
+from specrl.sampling import SamplingParams
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.proposer_registry import load_head
 
@@ -77,20 +78,9 @@ def pit_and_logprob_terms(reference, prompt: list[int], responses: list[list[int
                           seed: int) -> tuple[torch.Tensor, ...]:
     """Per sampled token: (randomized PIT u, d = log p(x) + H(p), Var_p[log p], log p(x)) under the exact
     conditional."""
-    ids = torch.tensor([prompt + r for r in responses])  # every response has TOKENS tokens (ignore_eos)
-    with torch.no_grad():
-        logits = reference(input_ids=ids).logits.float()[:, len(prompt) - 1:-1]  # [N, TOKENS, V]
-    logp = sampling_logprobs(logits.double(), params)
-    p = logp.exp()
-    x = torch.tensor(responses).unsqueeze(-1)
-    below = (p.cumsum(-1) - p).gather(-1, x).squeeze(-1)  # F(x - 1)
-    own = p.gather(-1, x).squeeze(-1)
+    below, own, d, var, own_logp = exact_terms(reference, prompt, responses, params)
     noise = torch.rand(own.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    plogp = torch.where(p > 0, p * logp, 0.0)
-    entropy = -plogp.sum(-1)
-    second = torch.where(p > 0, p * logp * logp, 0.0).sum(-1)
-    own_logp = logp.gather(-1, x).squeeze(-1)
-    return below + noise * own, own_logp + entropy, second - entropy ** 2, own_logp
+    return below + noise * own, d, var, own_logp
 
 
 @pytest.mark.parametrize("options", [dict(temperature=1.0), dict(temperature=1.0, top_k=20),

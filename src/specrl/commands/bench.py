@@ -1,12 +1,14 @@
 """`specrl bench rollout` (speculation off vs on), `specrl bench drafters` (every proposer on the
-same prompts) and `specrl bench async` (async GRPO with speculation vs sync without): variants
-alternate and medians are reported; each ends with one JSON line."""
+same prompts), `specrl bench async` (async GRPO with speculation vs sync without) and `specrl bench
+kernel` (the projections' kernels): variants alternate and medians are reported; `specrl bench
+exactness` tests each variant's responses against the exact distribution. Each ends with one JSON line."""
 from __future__ import annotations
 
 from rich.table import Table
 
 from specrl.bench.async_bench import AsyncBenchConfig, run_async_bench
 from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
+from specrl.bench.exactness_bench import ExactnessBenchConfig, run_exactness_bench
 from specrl.bench.kernel_bench import KernelBenchConfig, run_kernel_bench
 from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
@@ -76,6 +78,26 @@ def register(subparsers) -> None:
     t.add_argument("--rounds", type=int, default=e.rounds, help="timed rounds; medians reported (default: %(default)s)")
     add_threads_flag(t)
     t.set_defaults(func=run_kernel)
+
+    x = ExactnessBenchConfig()
+    e_ = kinds.add_parser("exactness", help="each speculative variant's whole responses against the exact distribution "
+                                            "(one-sample z per variant, no second sample needed)",
+                          description="For --samples prompts, samples one response per variant (no speculation, the "
+                                      "adaptive controller, a fixed K-chain and, for heads, a width-3 tree), one row "
+                                      "per call with its own seed, then scores every token against the exact "
+                                      "conditional from a clean transformers forward: z = sum(log p(x) + H(p)) / "
+                                      "sqrt(sum Var[log p]) is N(0, 1) for an exact sampler (also per response "
+                                      "position). Ends with one JSON line.")
+    e_.add_argument("--model", default=x.model, help="(default: %(default)s)")
+    e_.add_argument("--proposer", default=x.proposer, choices=PROPOSER_NAMES, help="(default: %(default)s)")
+    e_.add_argument("--samples", type=int, default=x.samples, help="prompts, one call each per variant "
+                                                                  "(default: %(default)s)")
+    e_.add_argument("--max-tokens", type=int, default=x.max_tokens, help="(default: %(default)s)")
+    e_.add_argument("--k", type=int, default=x.k, help="the fixed chain's and tree's depth (default: %(default)s)")
+    e_.add_argument("--temperature", type=float, default=x.temperature, help="(default: %(default)s)")
+    e_.add_argument("--seed", type=int, default=x.seed, help="call i uses seed + i (default: %(default)s)")
+    add_threads_flag(e_)
+    e_.set_defaults(func=run_exactness)
 
     a = AsyncBenchConfig()
     r = kinds.add_parser("async", help="async GRPO with speculation vs sync GRPO without (whole runs, alternating)",
@@ -174,6 +196,22 @@ def run_async(args) -> dict:
         summary = run_async_bench(config, progress=update)
     console.print(f"sync / async: whole process {summary['wall_ratio_median']:.2f}x, "
                   f"training loop {summary['loop_ratio_median']:.2f}x")
+    return summary
+
+
+def run_exactness(args) -> dict:
+    set_threads(args.threads)
+    config = ExactnessBenchConfig(model=args.model, proposer=args.proposer, samples=args.samples,
+                                  max_tokens=args.max_tokens, k=args.k, temperature=args.temperature, seed=args.seed)
+    with progress_bar(f"bench exactness {config.model} {config.proposer}", 2 * config.samples) as update:
+        summary = run_exactness_bench(config, progress=update)
+    table = Table(title=f"exactness: {config.model}, {config.proposer}, T={config.temperature}, "
+                        f"{config.samples} responses per variant")
+    for column in ("variant", "tokens", "z (N(0, 1) if exact)", "z per position 1..6"):
+        table.add_column(column)
+    for name, row in summary["variants"].items():
+        table.add_row(name, str(row["tokens"]), f"{row['z']:+.2f}", str(row["z_per_position"]))
+    console.print(table)
     return summary
 
 

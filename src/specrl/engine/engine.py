@@ -251,7 +251,7 @@ class RolloutEngine:
         n = call.params.n
         context = ProposalContext(batch.tokens, batch.num_tokens, call.params, call.generator,
                                   self.model.cfg.vocab_size, groups=batch.slots // n,
-                                  verify_seconds=call.verify_seconds)
+                                  verify_seconds=call.verify_seconds, target_cache=batch.cache)
         start = time.perf_counter()
         proposal = self.proposer.propose(context, k) if width == 1 else self.proposer.propose_tree(context, k, width)
         return proposal, time.perf_counter() - start

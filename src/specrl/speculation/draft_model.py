@@ -46,8 +46,8 @@ class DraftModelProposer(CallScopedState):
         self.cache = None
         self.synced = (num_tokens - 1).clamp_min(0)  # [B]
 
-    def _prefill(self, width: int) -> None:
-        self.cache = self.model.new_cache(self.prefill.shape[0], width)
+    def _prefill(self, context: ProposalContext) -> None:
+        self.cache = self.model.new_cache(self.prefill.shape[0], context.tokens.shape[1])
         if self.prefill.shape[1]:
             self.model.forward(self.prefill, self.cache)
         self.cache.select_rows(self.row_base)
@@ -72,7 +72,7 @@ class DraftModelProposer(CallScopedState):
         """
         B, S = context.tokens.shape
         if self.prefill is not None:
-            self._prefill(S)
+            self._prefill(context)
         rows = torch.arange(B)
         count = context.num_tokens - self.synced  # [B] >= 1
         columns = (self.synced.unsqueeze(1) + torch.arange(int(count.max()))).clamp_max(S - 1)

@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from specrl.engine.kv_cache import KVCache
 from specrl.sampling import SamplingParams, sampling_distribution
 
 
@@ -89,6 +90,8 @@ class ProposalContext:
     vocab_size: int  # the target's vocabulary size V
     groups: torch.Tensor  # [B] long: the prompt each live row samples (rows of a GRPO group share it)
     verify_seconds: float | None = None  # the previous step's time outside the proposer (target pass, verify, bookkeeping)
+    # the target's KV cache of the live rows (positions < its lens hold the verified tokens'); read-only
+    target_cache: KVCache | None = None
 
 
 class Proposer(Protocol):
