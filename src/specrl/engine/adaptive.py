@@ -40,7 +40,7 @@ models carry costs across batch sizes, and every step run at a new size corrects
 k = 0 still runs once in each new power-of-two range, which costs nothing over plain
 decoding and anchors that range's cost. While speculation is off the
 acceptance estimate cannot move, so after `refresh_every` steps in a row with k = 0 a step
-runs k = max_k once (a refresh): a draft that got better (or siblings that now agree) is
+runs k = min(max_k, refresh_k) once (a refresh): a draft that got better (or siblings that now agree) is
 noticed. A refresh moves the acceptance estimate by `refresh_weight`, not `smoothing`, so one
 refresh is enough to notice. Each refresh that leaves speculation off doubles the wait for the
 next, up to `refresh_max` steps; speculating again resets it. So a draft that never pays costs
@@ -138,6 +138,8 @@ class SpeculationController:
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
+    refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell whether the draft got
+    # better, and at a large batch a k = 8 refresh (the int8 self-draft's max_k) costs ~9 plain steps
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
@@ -196,7 +198,7 @@ class SpeculationController:
         if self.off_streak >= self.refresh_wait:
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             self.refreshing = True
-            return self.max_k, 1
+            return min(self.max_k, self.refresh_k), 1
         seconds = np.maximum(self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x), 1e-9)
         rate = np.array([self.expected(*o) for o in allowed]) / seconds
         best = int(rate.argmax())  # allowed[0] is (0, 1), plain decoding
