@@ -25,3 +25,13 @@ def draft_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("draft")
     save_random_checkpoint(path, layers=1, hidden=32, seed=1)
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """Torch at one thread for a whole module: thousands of tiny ops, or the one-core budget, where a second
+    intra-op thread only waits on a busy core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -31,18 +31,10 @@ from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.ngram import NgramProposer
 
 PROMPT = [3, 1, 3, 1, 3]
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # the budget is one core
 P_VALUE = 1e-4
 TRUNCATIONS = [(0, 1.0), (2, 1.0), (0, 0.5), (2, 0.5)]  # (top_k, top_p)
 SPECULATION = [("mtp", 1, 3), ("mtp", 2, 3), ("eagle3", 1, 3), ("eagle3", 2, 3), ("draft", 2, 1), ("ngram", 2, 1)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The budget is one core; a second intra-op thread only waits when the other core is busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -41,19 +41,11 @@ from specrl.speculation.verify import acceptance_probs, recovery_probs
 settings.register_profile("exactness", max_examples=1000, deadline=None, derandomize=True, database=None,
                           print_blob=False)
 EXACTNESS = settings.get_profile("exactness")
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 ops: 20x slower at 2 threads under load
 TOLERANCE = 1e-9
 NEG_INF = float("-inf")
 MIX = (3, 5, 11, 13, 17, 19)  # prefix -> logit row: (len + sum (token + 1) * MIX[i]) mod rows
 DRAFT_KINDS = ("sampled", "one-hot as None", "one-hot as a distribution")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Thousands of tiny float64 ops: a second intra-op thread only waits on a busy core (20x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,8 @@ class Int8Projection:
         self.kernel, self.bias = kernel, projection.bias
         self.q, self.scale = small_gemm.quantize_int8(projection.weight)  # [out, in] int8, [out] fp32
         self.packed = self.scales = self.weight_t = None
-        if kernel == "avx512":
-            self.packed, self.scales = small_gemm.pack_int8_avx512(self.q, self.scale)  # [N/16, in, 16], [N16]
-        elif kernel == "avx2":
-            self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale)  # [N/8, in, 8], [N8]
+        if kernel != "eager":  # [ceil(out/block), in, block] int8, [block * ceil(out/block)] fp32
+            self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale, block=16 if kernel == "avx512" else 8)
         else:
             self.weight_t = self.dequantized().t().contiguous()  # [in, out] fp32
 
@@ -104,11 +102,8 @@ class Int8Projection:
         return self.q.float() * self.scale.unsqueeze(1)  # [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.q.shape[0]
-        if self.kernel == "avx512":
-            y = small_gemm.matmul_int8_avx512(x, self.packed, self.scales, out)
-        elif self.kernel == "avx2":
-            y = small_gemm.matmul(x, self.packed, out, scales=self.scales)
+        if self.packed is not None:
+            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales)
         else:
             y = x @ self.weight_t
         return y + self.bias if self.bias is not None else y
