@@ -36,8 +36,9 @@ def small_config(tmp_path, *extra):
 
 @pytest.mark.parametrize("proposer", [["backend.proposer=draft"],
                                       ["backend.proposer=eagle3", "draft.enabled=false"],
-                                      ["backend.proposer=hybrid", "backend.hybrid_model=mtp", "draft.enabled=false"]],
-                         ids=["draft", "eagle3", "hybrid-mtp"])
+                                      ["backend.proposer=hybrid", "backend.hybrid_model=mtp", "draft.enabled=false"],
+                                      ["backend.proposer=int8"]],
+                         ids=["draft", "eagle3", "hybrid-mtp", "int8"])
 def test_rollout_logprobs_match_the_trainer_during_training(tmp_path, proposer):
     trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", *proposer))
     summary = trainer.run()
