@@ -80,7 +80,7 @@ def register(subparsers) -> None:
     t.set_defaults(func=run_kernel)
 
     x = ExactnessBenchConfig()
-    e_ = kinds.add_parser("exactness", help="each speculative variant's whole responses against the exact distribution "
+    ex = kinds.add_parser("exactness", help="each speculative variant's whole responses against the exact distribution "
                                             "(one-sample z per variant, no second sample needed)",
                           description="For --samples prompts, samples one response per variant (no speculation, the "
                                       "adaptive controller, a fixed K-chain and, for heads, a width-3 tree), one row "
@@ -88,16 +88,16 @@ def register(subparsers) -> None:
                                       "conditional from a clean transformers forward: z = sum(log p(x) + H(p)) / "
                                       "sqrt(sum Var[log p]) is N(0, 1) for an exact sampler (also per response "
                                       "position). Ends with one JSON line.")
-    e_.add_argument("--model", default=x.model, help="(default: %(default)s)")
-    e_.add_argument("--proposer", default=x.proposer, choices=PROPOSER_NAMES, help="(default: %(default)s)")
-    e_.add_argument("--samples", type=int, default=x.samples, help="prompts, one call each per variant "
+    ex.add_argument("--model", default=x.model, help="(default: %(default)s)")
+    ex.add_argument("--proposer", default=x.proposer, choices=PROPOSER_NAMES, help="(default: %(default)s)")
+    ex.add_argument("--samples", type=int, default=x.samples, help="prompts, one call each per variant "
                                                                   "(default: %(default)s)")
-    e_.add_argument("--max-tokens", type=int, default=x.max_tokens, help="(default: %(default)s)")
-    e_.add_argument("--k", type=int, default=x.k, help="the fixed chain's and tree's depth (default: %(default)s)")
-    e_.add_argument("--temperature", type=float, default=x.temperature, help="(default: %(default)s)")
-    e_.add_argument("--seed", type=int, default=x.seed, help="call i uses seed + i (default: %(default)s)")
-    add_threads_flag(e_)
-    e_.set_defaults(func=run_exactness)
+    ex.add_argument("--max-tokens", type=int, default=x.max_tokens, help="(default: %(default)s)")
+    ex.add_argument("--k", type=int, default=x.k, help="the fixed chain's and tree's depth (default: %(default)s)")
+    ex.add_argument("--temperature", type=float, default=x.temperature, help="(default: %(default)s)")
+    ex.add_argument("--seed", type=int, default=x.seed, help="call i uses seed + i (default: %(default)s)")
+    add_threads_flag(ex)
+    ex.set_defaults(func=run_exactness)
 
     a = AsyncBenchConfig()
     r = kinds.add_parser("async", help="async GRPO with speculation vs sync GRPO without (whole runs, alternating)",
@@ -117,7 +117,7 @@ def register(subparsers) -> None:
 def _add_sampling_flags(parser, defaults) -> None:
     """K, sampling, rounds, seed and threads: the flags both speculation benches share."""
     parser.add_argument("--k", type=int, default=defaults.k, help="num_speculative_tokens, the most drafts per step "
-                                                                   "(default: %(default)s)")
+                                                                   "(default: the proposer's own: 3; int8 8)")
     parser.add_argument("--fixed-k", action="store_true", help="always verify K drafts (no adaptive K)")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
                         help="response cap (default: 128, or what fits beside the prompt in a shorter context)")
