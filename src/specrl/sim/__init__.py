@@ -15,7 +15,7 @@ Modules, one concept each:
   published    published figures (fit data and validation data)
   fit          the one-off efficiency fits; cpu_measure measures this CPU
   calibration  predicted vs published table; validate_against_bench
-  plots, command   PNGs and the `simulate` command
+  plots        PNGs (the `specrl simulate` command itself is `commands/simulate.py`)
 """
 from specrl.sim.calibration import calibration_table, validate_against_bench
 
