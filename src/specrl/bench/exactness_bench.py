@@ -69,26 +69,27 @@ def exact_terms(reference, prompt: list[int], responses: list[list[int]],
 
 
 def _variants(config: ExactnessBenchConfig) -> dict[str, BackendConfig]:
+    """No speculation, the adaptive controller, a fixed chain and (for the hidden-state heads, the proposers
+    that draft trees) a fixed width-3 tree."""
     common = dict(model=config.model, proposer=config.proposer)
-    return {"none": BackendConfig(model=config.model, proposer="none"),
-            "adaptive": BackendConfig(**common),
-            f"chain k={config.k}": BackendConfig(**common, adaptive=False, num_speculative_tokens=config.k),
-            f"tree k={config.k} w=3": BackendConfig(**common, adaptive=False, num_speculative_tokens=config.k,
-                                                     fixed_tree_width=3)}
+    fixed = dict(common, adaptive=False, num_speculative_tokens=config.k)
+    variants = {"none": BackendConfig(model=config.model, proposer="none"), "adaptive": BackendConfig(**common),
+                f"chain k={config.k}": BackendConfig(**fixed)}
+    if config.proposer in ("eagle3", "mtp"):
+        variants[f"tree k={config.k} w=3"] = BackendConfig(**fixed, fixed_tree_width=3)
+    return variants
 
 
 def run_exactness_bench(config: ExactnessBenchConfig, progress=None) -> dict:
     variants = _variants(config)
-    if config.proposer not in ("eagle3", "mtp"):
-        del variants[f"tree k={config.k} w=3"]  # only the hidden-state heads draft trees
     backends = {name: make_backend(c) for name, c in variants.items()}
     tokenizer = backends["none"].tokenizer
     prompts = preset_prompts(config.model, tokenizer, config.samples, seed=0)
-    samples: dict[str, list[tuple[int, list[int]]]] = {name: [] for name in backends}
+    samples: dict[str, list[list[int]]] = {name: [] for name in backends}  # per variant, a response per prompt
     for i, prompt in enumerate(prompts):
         params = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=config.seed + i)
         for name, backend in backends.items():
-            samples[name].append((i, backend.generate([prompt], params).completions[0].token_ids))
+            samples[name].append(backend.generate([prompt], params).completions[0].token_ids)
         if progress is not None:
             progress(i + 1, 2 * config.samples)
     reference = load_causal_lm(resolve_checkpoint(config.model)).eval()
@@ -98,7 +99,7 @@ def run_exactness_bench(config: ExactnessBenchConfig, progress=None) -> dict:
     for i, prompt in enumerate(prompts):
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         for name in backends:
-            response = samples[name][i][1]
+            response = samples[name][i]
             _, _, d, var, _ = exact_terms(reference, ids, [response], params)
             position = torch.arange(len(response)).clamp_max(POSITIONS - 1)
             sums[name][0].index_add_(0, position, d[0])
