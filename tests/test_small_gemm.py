@@ -1,7 +1,8 @@
 """specrl's small-row matmul kernel (the engine's fast path) against PyTorch, and its fallback.
 
 Chain of invariants:
-    kernel(x, pack(W))       == x @ W^T to fp32 rounding, for any M, N (not a multiple of 8 too) and K;
+    kernel(x, pack(W))       == x @ W^T to fp32 rounding, for any M, N (not a multiple of 8 too) and K, on the AVX2
+                                kernel (blocks of 8) and the AVX-512 one (16), which give the same bits;
     each row's result        is the same bit for bit whatever the other rows (M) and the thread count;
     Projection, fast path    == Projection, eager, bias included;
     int8 kernel(x, W)        == x @ (q * scale)^T, the dequantized weights, to fp32 rounding, and is batch-invariant
@@ -18,23 +19,35 @@ from specrl.engine.model import Int8Projection, LlamaModel, Projection, int8_ker
 from specrl.kernels import small_gemm
 
 pytestmark = pytest.mark.skipif(bool(small_gemm.unavailable()), reason=f"kernel unavailable: {small_gemm.unavailable()}")
+FP32_BLOCKS = [8, pytest.param(16, marks=pytest.mark.skipif(bool(small_gemm.avx512_unavailable()),
+                                                           reason="this CPU lacks AVX-512"))]
 
 
+@pytest.mark.parametrize("block", FP32_BLOCKS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 24, 33, 64, 128])
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (22, 64), (1001, 63), (7, 5)])
-def test_the_kernel_equals_a_matmul(rows, out_features, in_features):
+def test_the_kernel_equals_a_matmul(rows, out_features, in_features, block):
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=generator)
     w = torch.randn(out_features, in_features, generator=generator)
-    got = small_gemm.matmul(x, small_gemm.pack(w), out_features)
+    got = small_gemm.matmul(x, small_gemm.pack(w, block), out_features)
     assert got.shape == (rows, out_features)
     torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_threads():
+@pytest.mark.skipif(bool(small_gemm.avx512_unavailable()), reason="this CPU lacks AVX-512")
+def test_the_avx512_and_avx2_kernels_give_the_same_bits():
+    generator = torch.Generator().manual_seed(1)
+    x, w = torch.randn(21, 200, generator=generator), torch.randn(333, 200, generator=generator)
+    assert small_gemm.fp32_block() == 16
+    assert torch.equal(small_gemm.matmul(x, small_gemm.pack(w, 16), 333), small_gemm.matmul(x, small_gemm.pack(w, 8), 333))
+
+
+@pytest.mark.parametrize("block", FP32_BLOCKS)
+def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_threads(block):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(40, 96, generator=generator)
-    packed = small_gemm.pack(torch.randn(200, 96, generator=generator))
+    packed = small_gemm.pack(torch.randn(200, 96, generator=generator), block)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -8,17 +8,17 @@ Decoding and verification multiply a few rows (M = B*(K+1)) by weights read from
 that multiplication is most of a step. Each `Projection` applies its weight with the kernel
 that streams it fastest for the M at hand:
 
-    fast path (default)  specrl's small-row kernel (`specrl.kernels.small_gemm`) for
-                         M <= 32, the weight packed once per load; F.linear (MKL) above
+    fast path (default)  specrl's small-row kernel (`specrl.kernels.small_gemm`, AVX-512 or AVX2) for
+                         M <= 128, the weight packed once per load; F.linear (MKL) above
     eager                MKL only: F.linear for M = 2..3, x @ W_t for every other M
 
 SmolLM2-135M's projections and LM head, median ms per pass, this project's CPU (the table and
 its command, `specrl bench kernel`, are in docs/fast_path.md):
 
     rows M                   1      2      4      8     32
-    MKL, 1 thread           54    103    106    155    247
-    kernel, 1 thread        32     34     37     85    215
-    kernel, 2 threads       27     24     27     34     96
+    MKL, 1 thread           30     71     70     80    171
+    kernel, 1 thread        21     19     20     26    118
+    kernel, 2 threads       17     17     17     19     44
 
 The kernel also computes each row independently of the others, in one fixed order, so a
 row's logits are the same bit for bit whether it is decoded alone or verified with drafts.
@@ -49,7 +49,7 @@ class Projection:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, fast: bool = False):
         self.weight = weight.contiguous()  # [out, in]
         self.bias = bias
-        self.packed = small_gemm.pack(self.weight) if fast else None  # [ceil(out/8), in, 8]
+        self.packed = small_gemm.pack(self.weight) if fast else None  # [ceil(out/block), in, block]
         self.weight_t = None if fast else self.weight.t().contiguous()  # [in, out]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -80,7 +80,6 @@ static void chunk(const float* x, int rows, int K, const W* wp, const float* sca
 // y is [M, 8 * N8] (row stride 8 * N8); x is [M, K] contiguous. Threads split the blocks of W in
 // groups of GROUP (a group's fp32 weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
 static const int GROUP = 6;
-static const int GROUP16 = 4;  // int8 AVX-512: 4 blocks of 16 outputs (4 * K * 16 bytes)
 
 template <typename W>
 static void gemm(const float* x, const W* wp, const float* scale, float* y, int M, int N8, int K, int threads) {
@@ -106,13 +105,21 @@ extern "C" int specrl_small_gemm_int8(const float* x, const int8_t* wp, const fl
     return 0;
 }
 
-// int8 weights, fp32 activations, AVX-512: the AVX2 int8 path with 16 outputs per block, Wz[N16][K][16] int8
-// (one 16-byte load per k, widened to 16 fp32 in a zmm register): half the widening instructions per weight,
-// the same FMA chain per (row, output) over k in order, so batch-invariant for the same reason.
+// AVX-512, 16 outputs per block: the same tiles over Wz[N16][K][16] (fp32, or int8 widened to 16 fp32 in a zmm
+// register: half the widening instructions per weight of the AVX2 path). 32 zmm registers hold 8 rows x 3 blocks
+// of accumulators (up to 4 rows x 6 blocks), where AVX2's 16 ymm registers held 8 x 1, so from ~8 rows on the
+// FMAs, not the loads and broadcasts, bound a pass (SmolLM2's projections, 1 thread, 8 rows: 64 ms on AVX2,
+// 26 ms here). Each (row, output) is still
+// one FMA chain over k in order, the AVX2 kernel's: the same bits as it, and batch-invariant for the same reason.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw")
-template <int R, int NB>
-static inline void z_tile(const float* x, int64_t ldx, const int8_t* wp, const float* scale, int K, float* y,
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+
+template <typename W, int R, int NB>
+static inline void z_tile(const float* x, int64_t ldx, const W* wp, const float* scale, int K, float* y,
                           int64_t ldy) {
     __m512 acc[R][NB];
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
@@ -120,32 +127,38 @@ static inline void z_tile(const float* x, int64_t ldx, const int8_t* wp, const f
     const int64_t stride = (int64_t)K * 16;  // between consecutive blocks
     for (int k = 0; k < K; ++k) {
         __m512 w[NB];
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) w[b] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i*)(wp + b * stride + (int64_t)k * 16))));
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) w[b] = load16(wp + b * stride + (int64_t)k * 16);
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
             const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
             _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_fmadd_ps(xv, w[b], acc[r][b]);
         }
     }
-    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
-        const __m512 s = _mm512_loadu_ps(scale + b * 16);
-        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy + b * 16, _mm512_mul_ps(acc[r][b], s));
-    }
+    if (scale != nullptr)
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
+            const __m512 s = _mm512_loadu_ps(scale + b * 16);
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) acc[r][b] = _mm512_mul_ps(acc[r][b], s);
+        }
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) _mm512_storeu_ps(y + r * ldy + b * 16, acc[r][b]);
 }
 
-template <int R, int NB>
-static inline void z_tiles(const float* x, int K, const int8_t* wp, const float* scale, int b0, int nb, float* y,
+template <typename W, int R, int NB>
+static inline void z_tiles(const float* x, int K, const W* wp, const float* scale, int b0, int nb, float* y,
                            int64_t ldy) {
     const int64_t stride = (int64_t)K * 16;
     int b = b0;
     for (; b + NB <= b0 + nb; b += NB)
-        z_tile<R, NB>(x, K, wp + (int64_t)b * stride, scale + b * 16, K, y + (int64_t)b * 16, ldy);
-    for (; b < b0 + nb; ++b) z_tile<R, 1>(x, K, wp + (int64_t)b * stride, scale + b * 16, K, y + (int64_t)b * 16, ldy);
+        z_tile<W, R, NB>(x, K, wp + (int64_t)b * stride, scale ? scale + b * 16 : nullptr, K, y + (int64_t)b * 16, ldy);
+    for (; b < b0 + nb; ++b)
+        z_tile<W, R, 1>(x, K, wp + (int64_t)b * stride, scale ? scale + b * 16 : nullptr, K, y + (int64_t)b * 16, ldy);
 }
 
-// The same contract as specrl_small_gemm_int8 with wp [N16][K][16] int8 and scale [16 * N16].
-extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, const float* scale, float* y, int M,
-                                             int N16, int K, int threads) {
+// y is [M, 16 * N16]; threads split the blocks in groups of GROUP16 (a group's weights, 6 * K * 64 bytes in
+// fp32, stay in L2 while every chunk of up to 8 rows uses them).
+static const int GROUP16 = 6;
+
+template <typename W>
+static void z_gemm(const float* x, const W* wp, const float* scale, float* y, int M, int N16, int K, int threads) {
     const int64_t ldy = (int64_t)N16 * 16;
     const int groups = (N16 + GROUP16 - 1) / GROUP16;
     #pragma omp parallel for num_threads(threads) schedule(static)
@@ -155,17 +168,29 @@ extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, c
             const float* xm = x + (int64_t)m * K;
             float* ym = y + (int64_t)m * ldy;
             switch (M - m < 8 ? M - m : 8) {
-                case 1: z_tiles<1, 4>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                case 2: z_tiles<2, 4>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                case 3: z_tiles<3, 4>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                case 4: z_tiles<4, 4>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                case 5: z_tiles<5, 2>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                case 6: z_tiles<6, 2>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                case 7: z_tiles<7, 2>(xm, K, wp, scale, b0, nb, ym, ldy); break;
-                default: z_tiles<8, 2>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 1: z_tiles<W, 1, 6>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 2: z_tiles<W, 2, 6>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 3: z_tiles<W, 3, 6>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 4: z_tiles<W, 4, 6>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 5: z_tiles<W, 5, 3>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 6: z_tiles<W, 6, 3>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                case 7: z_tiles<W, 7, 3>(xm, K, wp, scale, b0, nb, ym, ldy); break;
+                default: z_tiles<W, 8, 3>(xm, K, wp, scale, b0, nb, ym, ldy); break;
             }
         }
     }
+}
+
+// specrl_small_gemm's contract with wp [N16][K][16] fp32.
+extern "C" int specrl_small_gemm_avx512(const float* x, const float* wp, float* y, int M, int N16, int K, int threads) {
+    z_gemm<float>(x, wp, nullptr, y, M, N16, K, threads);
+    return 0;
+}
+
+// specrl_small_gemm_int8's contract with wp [N16][K][16] int8 and scale [16 * N16].
+extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, const float* scale, float* y, int M,
+                                             int N16, int K, int threads) {
+    z_gemm<int8_t>(x, wp, scale, y, M, N16, K, threads);
     return 0;
 }
 #pragma GCC pop_options

@@ -91,8 +91,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     if not lib.specrl_small_gemm_supported():
         return None, "this CPU lacks AVX2 or FMA"
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.specrl_small_gemm.argtypes = [p, p, p, i, i, i, i]
-    lib.specrl_small_gemm.restype = i
+    for fp32 in (lib.specrl_small_gemm, lib.specrl_small_gemm_avx512):
+        fp32.argtypes = [p, p, p, i, i, i, i]
+        fp32.restype = i
     lib.specrl_small_gemm_int8.argtypes = [p, p, p, p, i, i, i, i]
     lib.specrl_small_gemm_int8.restype = i
     lib.specrl_small_gemm_int8_avx512.argtypes = [p, p, p, p, i, i, i, i]
@@ -122,10 +123,16 @@ def _blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
     return padded.view(-1, block, K).transpose(1, 2).contiguous()
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] fp32 -> [ceil(N/8), K, 8]: each block of 8 outputs with its weights interleaved by k
-    (outputs past N are zero rows)."""
-    return _blocks(weight.float(), 8)
+def fp32_block() -> int:
+    """Outputs per block of the fp32 kernel this CPU runs: 16 on AVX-512, else 8 (AVX2)."""
+    return 8 if avx512_unavailable() else 16
+
+
+def pack(weight: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """[N, K] fp32 -> [ceil(N/block), K, block]: each block of outputs with its weights interleaved by k
+    (outputs past N are zero rows). block 8 for the AVX2 kernel, 16 for the AVX-512 one (None: `fp32_block()`);
+    both compute the same bits."""
+    return _blocks(weight.float(), block or fp32_block())
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +163,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: tor
     y = torch.empty(M, N_blocks * block)
     args = (M, N_blocks, K, torch.get_num_threads())
     if scales is None:
-        lib.specrl_small_gemm(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), *args)
+        kernel = lib.specrl_small_gemm_avx512 if block == 16 else lib.specrl_small_gemm
+        kernel(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), *args)
     else:
         kernel = lib.specrl_small_gemm_int8_avx512 if block == 16 else lib.specrl_small_gemm_int8
         kernel(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)
