@@ -162,6 +162,23 @@ def test_acceptance_is_estimated_per_position_given_the_positions_before():
     assert abs(estimate.prefix[0] - (0.5 * first + 0.5)) < 1e-12
 
 
+def test_a_position_not_drafted_lately_borrows_the_estimate_of_the_one_before():
+    """A draft accepted 0.96 at the positions a K = 3 controller drafts: the positions past 3, never drafted,
+    are priced near 0.96 too, not at the fixed prior (0.7), so longer chains get tried; a deeper position that
+    is drafted and rejected falls to its counts."""
+    from specrl.speculation.acceptance import AcceptanceEstimate
+
+    estimate = AcceptanceEstimate(8, prior=0.7, smoothing=0.1, prior_rows=10)
+    for step in range(200):
+        estimate.observe_accepted_prefix(1, [1, 1, 1] if step % 25 else [0])  # 0.96 at each position
+    conditional = np.array(estimate.prefix[1:]) / np.array(estimate.prefix[:-1])
+    assert np.all(conditional[2:] > 0.9) and np.all(conditional[2:] <= conditional[1] + 1e-12)
+    for _ in range(50):
+        estimate.observe_accepted_prefix(1, [1, 1, 1, 1, 0, 0, 0, 0])  # position 4 drafted, never accepted
+    conditional = np.array(estimate.prefix[1:]) / np.array(estimate.prefix[:-1])
+    assert conditional[3] < 0.05
+
+
 def test_acceptance_is_kept_apart_per_sampling_setting():
     """A greedy call's acceptance (every draft taken) does not carry into a temperature-1 call, whose
     drafts are mostly rejected: the controller returns to plain decoding there without waiting for the

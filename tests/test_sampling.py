@@ -29,3 +29,27 @@ def test_greedy_is_one_hot_with_model_logprobs():
     probs, logprobs = sampling_distribution(LOGITS, SamplingParams(temperature=0))
     assert probs.tolist() == [1.0, 0.0, 0.0, 0.0]
     assert torch.allclose(logprobs, LOGITS)
+
+
+def test_draw_follows_each_rows_law_and_never_draws_a_zero():
+    from scipy.stats import chisquare
+
+    from specrl.sampling import draw
+
+    law = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.1, 0.9]])
+    rows = law.repeat(20000, 1) * 3.0  # unnormalised rows are fine
+    ids = draw(rows, torch.Generator().manual_seed(0)).view(20000, 2)
+    for r in range(2):
+        counts = torch.bincount(ids[:, r], minlength=5).double()
+        assert counts[law[r] == 0].sum() == 0
+        kept = law[r] > 0
+        expected = law[r][kept].double() / law[r][kept].double().sum() * 20000
+        assert chisquare(counts[kept].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("bad", [[0.0, 0.0], [float("nan"), 1.0]])
+def test_draw_refuses_a_row_with_no_mass(bad):
+    from specrl.sampling import draw
+
+    with pytest.raises(ValueError, match="no probability mass"):
+        draw(torch.tensor([[0.5, 0.5], bad]))

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specrl.engine.kv_cache import KVCache
-from specrl.kernels import small_gemm
+from specrl.kernels import decoder_layer, small_gemm
 from specrl.models.checkpoint import (ModelConfig, check_d2t, check_finite, load_state_dict, parse_config,
                                       read_config_json)
 
@@ -261,6 +261,12 @@ class LlamaModel:
         self.embed, self.lm_head = embed, Projection(head, fast=self.fast_path)
         self.final_norm = get("model.norm.weight")
         self.d2t, self.layers = d2t, layers
+        self._fuse_layers()
+
+    def _fuse_layers(self) -> None:
+        """Each layer as one kernel call (`decoder_layer`) where all can run so; else None (PyTorch operations)."""
+        fits = all(decoder_layer.supported(layer, self.cfg) for layer in self.layers)
+        self.fused_layers = [decoder_layer.Layer.of(layer, self.cfg) for layer in self.layers] if fits else None
 
     def int8_copy(self, kernel: str | None = None) -> "LlamaModel":
         """This model with every projection and the LM head rounded to int8 (`Int8Projection`, on `kernel`),
@@ -270,6 +276,7 @@ class LlamaModel:
         draft.layers = [{name: Int8Projection(part, kernel) if isinstance(part, Projection) else part
                          for name, part in layer.items()} for layer in self.layers]
         draft.lm_head = Int8Projection(self.lm_head, kernel)
+        draft._fuse_layers()
         return draft
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -305,6 +312,16 @@ class LlamaModel:
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         hidden: dict[int, torch.Tensor] = {}
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
+        if self.fused_layers is not None and B * T <= small_gemm.MAX_ROWS:
+            step = decoder_layer.Step.of(cos.reshape(B * T, d), sin.reshape(B * T, d),
+                                         torch.arange(B).repeat_interleave(T), slots.reshape(-1),
+                                         mask.expand(B, 1, T, span).reshape(B * T, span), cache.max_len)
+            rows = x.view(B * T, c.hidden_size)
+            for i, layer in enumerate(self.fused_layers):
+                decoder_layer.run(layer, step, rows, cache.keys[i], cache.values[i])
+                if i in hidden_layers:
+                    hidden[i] = x.clone()
+            return self._head(x, hidden, hidden_layers)
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
             qkv = w["qkv"](h)  # [B, T, (nq + 2 nkv) d]
@@ -325,7 +342,12 @@ class LlamaModel:
             x = x + w["down"](F.silu(gate) * up)
             if i in hidden_layers:
                 hidden[i] = x
-        x = rms_norm(x, self.final_norm, c.rms_norm_eps)
+        return self._head(x, hidden, hidden_layers)
+
+    def _head(self, x: torch.Tensor, hidden: dict[int, torch.Tensor],
+              hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The final norm and the LM head over the last layer's residual stream x [B, T, H]."""
+        x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
         if -1 in hidden_layers:
             hidden[-1] = x
         return self.lm_head(x), hidden

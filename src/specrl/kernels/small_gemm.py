@@ -21,7 +21,9 @@ to fp32 in registers; the fp32 FMA chain, so batch-invariant too):
     y = matmul(x, packed, N, scales=scales)        (the block size picks the kernel)
 
 (int8 activations too, by AVX-512 VNNI, measured faster, 0.27 of the fp32 pass against 0.34, and a
-coarser draft, accepted 0.889 against 0.961 on SmolLM2: it lost in the engine, docs/drafters.md.)
+coarser draft, accepted 0.889 against 0.961 on SmolLM2: it lost in the engine, docs/drafters.md. int16
+activations by VNNI's vpdpwssd, weights widened to int16 two k at a time, measured 7.8 ms at M = 1 against
+this path's 8.6, and slower from M = 4 on (13.3 against 12.3 ms; SmolLM2, 1 thread): not kept.)
 
 Where the library comes from, in order: the copy `make` builds next to the source
 (`python -m specrl.kernels.small_gemm`), or one built on first use into the user's cache
@@ -42,14 +44,15 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("small_gemm.cpp")
+# the kernels and, built into the same library, the decoder layer that calls them (`decoder_layer.py`)
+SOURCES = (Path(__file__).with_name("small_gemm.cpp"), Path(__file__).with_name("decoder_layer.cpp"))
 PACKAGED = Path(__file__).with_name("libspecrl_small_gemm.so")
 MAX_ROWS = 128  # up to here the kernel beats MKL (measured on this project's CPU, 1 and 2 threads); above, MKL
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 
 def _digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
 
 
 def build(out: Path) -> Path:
@@ -61,9 +64,10 @@ def build(out: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {done.stderr.strip()[-500:]}")
+            raise RuntimeError(f"{compiler} failed to build {', '.join(source.name for source in SOURCES)}: "
+                               f"{done.stderr.strip()[-500:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -98,6 +102,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specrl_small_gemm_int8.restype = i
     lib.specrl_small_gemm_int8_avx512.argtypes = [p, p, p, p, i, i, i, i]
     lib.specrl_small_gemm_int8_avx512.restype = i
+    lib.specrl_decoder_layer.argtypes = [p, p, p, p, p]
+    lib.specrl_decoder_layer.restype = i
     return lib, ""
 
 
@@ -157,7 +163,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: tor
     """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32); given the `scales` of
     `pack_int8`, `packed` holds int8 weights in blocks of 8 (the AVX2 kernel) or 16 (AVX-512) and W = q * scale."""
     lib = _library()[0]
-    N_blocks, K, block = packed.shape
+    K = x.shape[-1]
+    N_blocks, block = packed.shape[0], packed.shape[2]
     rows = x.reshape(-1, K).contiguous()
     M = rows.shape[0]
     y = torch.empty(M, N_blocks * block)

@@ -13,6 +13,14 @@ often than shallow ones (an adaptive K that mostly drafts one token): position j
 observations that reached it, but its prefix moves with every position before it. When the first
 position's acceptance falls (a new temperature, a policy that drifted), the deeper prefixes fall
 with it instead of keeping their old values.
+
+The prior each c_j starts from (held with the weight of `prior_rows` rows, forgotten like the counts) is
+`prior` at position 0 and, deeper, the estimate of position j - 1. A position the controller has not
+drafted lately keeps the prior it was given, so a fixed prior below a good draft's acceptance would price
+long chains by the prior and never run them to learn better (the int8 self-draft, accepted 0.96 at
+position 0, drafted K = 3 where K = 8 paid more). Borrowing from the position before errs the other
+way where acceptance falls with depth (learned heads), and that error corrects itself: the long chains
+it prices too high are run, and their counts replace the borrowed prior.
 """
 from __future__ import annotations
 
@@ -24,13 +32,16 @@ class AcceptanceEstimate:
         """`prior`: the conditional acceptance assumed at every position before any observation, held
         with the weight of `prior_rows` rows (0: the first observation of a position replaces it)."""
         self.prior, self.smoothing = prior, smoothing
-        self.trials = np.full(depth, float(prior_rows))
-        self.accepted = self.trials * prior
+        self.trials = np.zeros(depth)  # decayed counts of observed rows
+        self.accepted = np.zeros(depth)
+        self.prior_weight = np.full(depth, float(prior_rows))  # decayed with the counts
         self._update_prefix()
 
     def _update_prefix(self) -> None:
-        seen = self.trials > 0
-        conditional = np.where(seen, self.accepted / np.where(seen, self.trials, 1.0), self.prior)
+        conditional, prior = [], self.prior
+        for trials, accepted, weight in zip(self.trials, self.accepted, self.prior_weight):
+            prior = (accepted + weight * prior) / (trials + weight) if trials + weight > 0 else prior
+            conditional.append(prior)  # ... and the prior of the next position
         self.prefix = np.cumprod(conditional).tolist()
 
     def expected(self, k: int) -> float:
@@ -45,12 +56,14 @@ class AcceptanceEstimate:
         for j, (t, a) in enumerate(zip(trials, accepted)):
             if t <= 0:
                 continue
+            held = self.trials[j] + self.prior_weight[j]
             if weight is None:
                 keep = 1.0 - self.smoothing
             else:
-                keep = min(1.0, t * (1.0 - weight) / (weight * self.trials[j])) if self.trials[j] > 0 else 0.0
+                keep = min(1.0, t * (1.0 - weight) / (weight * held)) if held > 0 else 0.0
             self.trials[j] = keep * self.trials[j] + t
             self.accepted[j] = keep * self.accepted[j] + a
+            self.prior_weight[j] *= keep
         self._update_prefix()
 
     def observe_accepted_prefix(self, rows: int, accepted_per_pos, weight: float | None = None) -> None:

@@ -45,6 +45,7 @@ from functools import cached_property
 
 import torch
 
+from specrl.sampling import draw
 from specrl.speculation.verify import PAD, acceptance_probs, recovery_probs, verify
 
 
@@ -139,7 +140,7 @@ def verify_tree(
     # below the accepted candidate: the chain theorem on its branch
     chain_tokens, chain_emitted = verify(drafts[rows, j], None if q_drafts is None else q_drafts[rows, j],
                                          p_nodes[rows, j], generator)
-    rejected = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [B]
+    rejected = draw(final, generator)  # [B]
     tokens = torch.full((B, k + 1), PAD, dtype=torch.long, device=device)
     tokens[:, 0] = torch.where(branch >= 0, candidates[rows, j], rejected)
     tokens[:, 1:] = torch.where((branch >= 0).unsqueeze(1), chain_tokens, PAD)

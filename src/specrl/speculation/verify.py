@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from specrl.sampling import draw
+
 PAD = -1
 
 
@@ -106,7 +108,7 @@ def verify(
 
     recover = recovery_probs(draft_tokens, draft_probs, target_probs)  # [B, K+1, V]
     rows = recover[torch.arange(B, device=device), num_accepted]  # [B, V]
-    extra = torch.multinomial(rows, 1, generator=generator).squeeze(1)  # [B]
+    extra = draw(rows, generator)  # [B]
 
     positions = torch.arange(K + 1, device=device).unsqueeze(0)  # [1, K+1]
     padded_drafts = torch.cat([draft_tokens, torch.full((B, 1), PAD, dtype=torch.long, device=device)], dim=1)
