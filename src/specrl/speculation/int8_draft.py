@@ -6,11 +6,14 @@ fp32, its own KV cache. It drafts like any draft model (`DraftModelProposer`: sa
 call's temperature, top-k and top-p) and goes through the same exact verifier, so the rollouts keep
 the policy's distribution exactly; the rounding only costs acceptance.
 
-Being the target's own network, it needs no prompt prefill: at its first proposal in a call it takes
-a copy of the target's KV cache of the live rows, every verified position included (the target's
-fp32 keys and values, a memory copy instead of a pass of the int8 network over the prompt, which on
-SmolLM2 at 1 thread cost ~0.4 s a call and turned speculation off at batch 4), and drafts on from
-there with its own int8 passes.
+Being the target's own network, it keeps no KV cache of its own: it drafts in the target's cache
+(`ProposalContext.target_cache`), whose positions below `lens` hold the verified tokens' fp32 keys and
+values, exactly what its own layers would attend to before rounding. Each proposal feeds only each row's
+last token (the one the target emitted, not yet in its cache) and then its drafts, writing their int8 K/V
+at slots from `lens` on, which the target's next pass overwrites before it reads them. So there is no
+prompt prefill (through the int8 network at M = 60-1000 rows it cost ~0.4 s a call on SmolLM2 and turned
+speculation off at batch 4), no copy of the cache, and no catch-up feed of the accepted drafts (a pass
+of 1 + accepted tokens per row at the start of every proposal).
 
 It needs no checkpoint and no training, and it never goes stale: `start` (each generate call, and
 the restart after an in-flight weight update) rebuilds the copy whenever the target's weights are
@@ -28,7 +31,7 @@ from specrl.engine.kv_cache import KVCache
 from specrl.engine.model import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
-from specrl.speculation.proposer import ProposalContext
+from specrl.speculation.proposer import Proposal, ProposalContext
 
 
 class Int8DraftProposer(DraftModelProposer):
@@ -52,13 +55,18 @@ class Int8DraftProposer(DraftModelProposer):
             self._rebuild()
         super().start(tokens, num_tokens, params)
 
-    def _prefill(self, context: ProposalContext) -> None:
-        """Adopt the target's cache of the live rows: the positions below its lens are the K/V an fp32 draft
-        would compute, so nothing is left to feed but each row's last token."""
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass  # each proposal starts from the target's cache, whose rows the engine selects
+
+    def propose(self, context: ProposalContext, k: int) -> Proposal:
+        """Draft in the target's cache: every position below its lens is verified, so the feed is each row's
+        last token (num_tokens = lens + 1), then the drafts (slots lens .. lens + k - 1, room the engine keeps
+        for a step's drafts and overwrites with the target's own K/V before reading them)."""
         target = context.target_cache
         if target is None:
-            raise ValueError("the int8 self-draft drafts on from the target's KV cache: ProposalContext.target_cache "
+            raise ValueError("the int8 self-draft drafts in the target's KV cache: ProposalContext.target_cache "
                              "is required")
-        self.cache = KVCache([k.clone() for k in target.keys], [v.clone() for v in target.values], target.lens.clone())
-        self.synced = target.lens.clone()
         self.prefill = self.row_base = None
+        self.cache = KVCache(target.keys, target.values, target.lens.clone())
+        self.synced = target.lens.clone()
+        return super().propose(context, k)

@@ -90,7 +90,9 @@ class ProposalContext:
     vocab_size: int  # the target's vocabulary size V
     groups: torch.Tensor  # [B] long: the prompt each live row samples (rows of a GRPO group share it)
     verify_seconds: float | None = None  # the previous step's time outside the proposer (target pass, verify, bookkeeping)
-    # the target's KV cache of the live rows (positions < its lens hold the verified tokens'); read-only
+    # the target's KV cache of the live rows: positions < its lens hold the verified tokens' K/V, which a proposer
+    # must not change; it may write at slots from lens on (the room a step's drafts need), which the target's next
+    # pass overwrites before it reads them (the int8 self-draft drafts there)
     target_cache: KVCache | None = None
 
 
