@@ -132,7 +132,7 @@ static inline void norm_and_rotate(float* v, const float* norm, const float* cos
     memcpy(v, tmp, sizeof(float) * d);
 }
 
-// out [d] += sum over keys s < span with keep[s] = 1 of softmax_s(q . k_s * scale) v_s, k_s = keys + s * d (v alike);
+// out [d] = sum over keys s < span with keep[s] = 1 of softmax_s(q . k_s * scale) v_s, k_s = keys + s * d (v alike);
 // keep [span rounded up to 8] is 1 or 0. Scores 8 keys at a time (dot8), weights e^(score - max) 8 at a time with
 // masked ones exactly 0, then the weighted values over s in order into register accumulators, 64 dims at a time.
 template <int C>
