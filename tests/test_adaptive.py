@@ -1,7 +1,8 @@
 """The adaptive-K controller on synthetic step times."""
 import numpy as np
 
-from specrl.engine.adaptive import SpeculationController, StepTimeModel, expected_tokens
+from specrl.engine.adaptive import SpeculationController, StepTimeModel
+from specrl.speculation.acceptance import expected_tokens
 
 
 def run_controller(step_seconds, acceptance: float, batches: list[int], max_k: int = 3) -> list[int]:

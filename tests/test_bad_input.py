@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from helpers import save_random_checkpoint
 from specrl.backends import BackendConfig
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from helpers import save_random_checkpoint
-from specrl.engine.model import LlamaModel
 from specrl.kernels import small_gemm
+from specrl.models.llama import LlamaModel
 from specrl.speculation.tree import TreeShape
 
 pytestmark = pytest.mark.skipif(bool(small_gemm.unavailable()), reason=f"kernel unavailable: {small_gemm.unavailable()}")

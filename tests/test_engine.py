@@ -19,9 +19,9 @@ from scipy.stats import chisquare
 
 from helpers import save_random_checkpoint
 from specrl.engine.adaptive import SpeculationController
-from specrl.models.checkpoint import load_state_dict
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
+from specrl.models.checkpoint import load_state_dict
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.eagle3 import Eagle3Head
@@ -29,9 +29,9 @@ from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.hybrid import HybridProposer
 from specrl.speculation.int8_draft import Int8DraftProposer
 from specrl.speculation.mtp import MTPHead
+from specrl.speculation.ngram import NgramProposer
 from specrl.speculation.proposer import ProposalContext
 from specrl.speculation.proposer_registry import PROPOSER_NAMES
-from specrl.speculation.ngram import NgramProposer
 from specrl.speculation.suffix import SuffixProposer
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [7, 8], [9]]

@@ -24,7 +24,7 @@ from scipy.stats import chisquare
 
 from helpers import make_head
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.head_proposer import HeadProposer

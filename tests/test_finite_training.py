@@ -177,7 +177,7 @@ def test_non_finite_weights_are_neither_published_nor_checkpointed(tmp_path):
 
 def test_a_nan_weight_sync_says_the_synced_weights_are_not_finite(target_dir):
     from specrl.engine.engine import RolloutEngine
-    from specrl.engine.model import LlamaModel
+    from specrl.models.llama import LlamaModel
     from specrl.models.checkpoint import load_state_dict
 
     engine = RolloutEngine(LlamaModel.from_pretrained(target_dir))

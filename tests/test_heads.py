@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from helpers import make_head, save_random_checkpoint
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.head_layer import chain_mask, chain_rows
 from specrl.speculation.head_proposer import HeadProposer

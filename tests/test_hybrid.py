@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from helpers import make_head
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.head_proposer import HeadProposer
 

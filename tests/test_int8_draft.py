@@ -15,9 +15,9 @@ import torch
 
 from specrl.backends import BackendConfig
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
 from specrl.kernels import small_gemm
 from specrl.models.checkpoint import load_state_dict
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.int8_draft import Int8DraftProposer
 

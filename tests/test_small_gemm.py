@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrl.engine.model import Int8Projection, LlamaModel, Projection, int8_kernels
 from specrl.kernels import small_gemm
+from specrl.models.llama import Int8Projection, LlamaModel, Projection, int8_kernels
 
 pytestmark = pytest.mark.skipif(bool(small_gemm.unavailable()), reason=f"kernel unavailable: {small_gemm.unavailable()}")
 FP32_BLOCKS = [8, pytest.param(16, marks=pytest.mark.skipif(bool(small_gemm.avx512_unavailable()),

@@ -30,13 +30,13 @@ from scipy.stats import kstest
 from specrl.bench.exactness_bench import exact_terms
 from specrl.engine.adaptive import SpeculationController
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
 from specrl.models.checkpoint import load_causal_lm, load_tokenizer
+from specrl.models.llama import LlamaModel
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
-from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
 from specrl.speculation.head_proposer import HeadProposer
 from specrl.speculation.proposer_registry import load_head
+from specrl.tasks.presets import preset_prompts
 
 pytestmark = [
     pytest.mark.slow,

@@ -52,7 +52,7 @@ def test_a_prompt_seen_in_an_earlier_call_drafts_from_its_earlier_rollouts(targe
     """Greedy decoding repeats itself exactly, so the second call's drafts, taken from the first
     call's rollout of the same prompt, are right until that rollout's last indexed token."""
     from specrl.engine.engine import EngineConfig, RolloutEngine
-    from specrl.engine.model import LlamaModel
+    from specrl.models.llama import LlamaModel
 
     engine = RolloutEngine(LlamaModel.from_pretrained(target_dir), proposer=SuffixProposer(),
                            config=EngineConfig(num_speculative_tokens=3, adaptive=False))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.models.registry import resolve_checkpoint
 from specrl.training.draft_distillation import _flat_targets
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, sample_target

@@ -20,8 +20,8 @@ pytest.importorskip("vllm.sampling_params", reason="needs the vllm extra: pip in
 
 from specrl.backends import BackendConfig, make_backend  # noqa: E402
 from specrl.backends.vllm import VLLMOptions  # noqa: E402
-from specrl.engine.model import LlamaModel  # noqa: E402
 from specrl.models.checkpoint import load_state_dict  # noqa: E402
+from specrl.models.llama import LlamaModel  # noqa: E402
 from specrl.sampling import SamplingParams  # noqa: E402
 from specrl.speculation.eagle3 import Eagle3Head  # noqa: E402
 from vllm_fixtures import PROMPTS, save_checkpoint  # noqa: E402

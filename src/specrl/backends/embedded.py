@@ -7,9 +7,9 @@ import torch
 
 from specrl.backends.base import BackendConfig
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
 from specrl.generation import GenerateResult
 from specrl.models.checkpoint import load_tokenizer
+from specrl.models.llama import LlamaModel
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer

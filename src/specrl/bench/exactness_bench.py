@@ -26,9 +26,9 @@ import torch
 from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_causal_lm
 from specrl.models.registry import resolve_checkpoint
-from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams, sampling_logprobs
 from specrl.speculation.proposer_registry import PROPOSER_NAMES
+from specrl.tasks.presets import preset_prompts
 from specrl.validation import check_fields, within
 
 POSITIONS = 6  # z per response position 1..6, the last pooling every later one

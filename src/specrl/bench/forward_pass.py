@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.models.registry import resolve_checkpoint
 
 

@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import torch
 
-from specrl.engine.model import Int8Projection, Projection, fast_path_available, int8_kernels
 from specrl.models.checkpoint import load_config
+from specrl.models.llama import Int8Projection, Projection, fast_path_available, int8_kernels
 from specrl.models.registry import resolve_checkpoint
 from specrl.validation import check_fields, within
 

@@ -43,9 +43,9 @@ from scipy.stats import ks_2samp
 from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_causal_lm, load_config, load_tokenizer
 from specrl.models.registry import resolve_checkpoint
-from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import PROPOSER_NAMES, default_speculative_tokens
+from specrl.tasks.presets import preset_prompts
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
 

@@ -20,8 +20,8 @@ import torch
 from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_state_dict
 from specrl.models.registry import resolve_checkpoint
-from specrl.pipeline.config import preset_prompts
 from specrl.sampling import SamplingParams
+from specrl.tasks.presets import preset_prompts
 
 DRIFTS = (0.0, 0.02, 0.05)
 

@@ -59,16 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrl.speculation.acceptance import AcceptanceEstimate
-
-
-def expected_tokens(k: int, accept_prefix: list[float]) -> float:
-    """tau(k): expected tokens emitted by a step with k drafts.
-
-    accept_prefix[i] = P(drafts 0..i all accepted). With i.i.d. acceptance a this is
-    a^(i+1) and tau(k) = (1 - a^(k+1)) / (1 - a).
-    """
-    return 1.0 + sum(accept_prefix[:k])
+from specrl.speculation.acceptance import AcceptanceEstimate, expected_tokens
 
 
 def step_features(batch: int, k: int, width: int = 1) -> np.ndarray:

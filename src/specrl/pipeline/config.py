@@ -20,7 +20,8 @@ from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.trainer import OptimConfig
 from specrl.sampling import SamplingParams
-from specrl.tasks import TaskConfig, make_task, render_prompts
+from specrl.tasks import TaskConfig
+from specrl.tasks.presets import model_task
 from specrl.validation import check_fields, within
 
 
@@ -135,7 +136,7 @@ class TrainConfig:
 PRESETS: dict[str, dict] = {
     "tiny": {
         "run": {"steps": 400, "run_dir": "runs/tiny", "checkpoint_every": 100, "threads": 1},
-        "task": {"name": "arithmetic", "difficulty": {"digits": 2, "ops": ["+"]}},
+        "task": model_task("tiny"),
         "backend": {"model": "tiny", "proposer": "ngram"},
         "rollout": {"max_tokens": 16, "prompts_per_step": 16},
         "grpo": {"group_size": 8},
@@ -145,7 +146,7 @@ PRESETS: dict[str, dict] = {
     # temperature 0.7 before training; the shipped EAGLE-3 head drafts (adaptive K, trees) and adapts online
     "smollm2-135m": {
         "run": {"steps": 40, "run_dir": "runs/smollm2-135m", "checkpoint_every": 10},
-        "task": {"name": "chain_sum", "difficulty": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
+        "task": model_task("smollm2-135m"),
         "backend": {"model": "smollm2-135m", "proposer": "eagle3"},
         "rollout": {"max_tokens": 128, "prompts_per_step": 4, "temperature": 0.7},
         "grpo": {"group_size": 8},
@@ -154,15 +155,6 @@ PRESETS: dict[str, dict] = {
         "eval": {"every": 10, "prompts": 128, "temperature": 0.7},
     },
 }
-
-
-def preset_prompts(model: str, tokenizer, count: int, seed: int) -> list[str]:
-    """`count` prompts of the task a model's RL preset trains on (reasoning-gym chain_sum for a model
-    without a preset), drawn from `seed` and rendered as RL renders them: drafts, heads and benches
-    see the prompts RL samples."""
-    settings = PRESETS.get(model, PRESETS["smollm2-135m"])["task"]
-    task = make_task(TaskConfig(**{**settings, "seed": seed}))
-    return render_prompts(task, tokenizer, 0, count)[1]
 
 
 def _parse_value(text: str):

@@ -22,20 +22,20 @@ import torch
 
 from specrl.atomic import write_text_atomically
 from specrl.device import resolve_device
-from specrl.engine.adaptive import expected_tokens
 from specrl.models.checkpoint import check_finite, load_tokenizer
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
-from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.config import TrainConfig, config_to_dict
-from specrl.pipeline.ray_session import RaySession
-from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.pipeline.groups import Group
+from specrl.pipeline.ray_session import RaySession
+from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
+from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.rl.advantages import group_advantages
 from specrl.rl.draft_adaptation import DraftTrainer
 from specrl.rl.head_adaptation import HeadTrainer
+from specrl.rl.trainer import PolicyTrainer
+from specrl.speculation.acceptance import expected_tokens
 from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.tasks import make_task
-from specrl.rl.trainer import PolicyTrainer
 from specrl.telemetry.sinks import MetricsSink, truncate_metrics
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.telemetry.timers import StageTimer

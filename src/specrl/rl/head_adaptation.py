@@ -32,8 +32,8 @@ from specrl.models.checkpoint import load_config
 from specrl.rl.draft_adaptation import DraftAdaptConfig
 from specrl.rl.sequences import TrainBatch
 from specrl.sampling import SamplingParams, sampling_logprobs
+from specrl.speculation.draft_losses import soft_cross_entropy
 from specrl.speculation.proposer_registry import load_head
-from specrl.training.losses import soft_cross_entropy
 
 
 class PolicyView:

@@ -72,3 +72,12 @@ class AcceptanceEstimate:
         through j - 1."""
         accepted = list(accepted_per_pos)
         self.observe([rows] + accepted[:-1], accepted, weight)
+
+
+def expected_tokens(k: int, accept_prefix: list[float]) -> float:
+    """tau(k): expected tokens emitted by a step with k drafts.
+
+    accept_prefix[i] = P(drafts 0..i all accepted). With i.i.d. acceptance a this is
+    a^(i+1) and tau(k) = (1 - a^(k+1)) / (1 - a).
+    """
+    return 1.0 + sum(accept_prefix[:k])

@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specrl.models.checkpoint import ModelConfig, check_finite
-from specrl.engine.kv_cache import KVCache
-from specrl.engine.model import LlamaModel, rope_tables
+from specrl.models.kv_cache import KVCache
+from specrl.models.llama import LlamaModel, rope_tables
 from specrl.speculation.head_layer import DraftDecoderLayer, HeadLinear, chain_rows
 
 

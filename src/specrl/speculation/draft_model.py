@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from specrl.engine.kv_cache import KVCache
-from specrl.engine.model import LlamaModel
+from specrl.models.kv_cache import KVCache
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer import CallScopedState, Proposal, ProposalContext, sample_draft_token
 

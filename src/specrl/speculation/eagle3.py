@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specrl.models.checkpoint import ModelConfig, check_d2t, load_state_dict, parse_config
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead, default_aux_layers
 from specrl.speculation.head_layer import HeadLinear, RMSNorm
 

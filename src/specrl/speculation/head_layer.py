@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specrl.engine.kv_cache import KVCache
-from specrl.engine.model import apply_rope, rms_norm
 from specrl.kernels import small_gemm
+from specrl.models.kv_cache import KVCache
+from specrl.models.llama import apply_rope, rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from specrl.engine.kv_cache import KVCache
+from specrl.models.kv_cache import KVCache
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.proposer import (CallScopedState, Proposal, ProposalContext, TreeProposal, sample_draft_token,

@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from specrl.engine.kv_cache import KVCache
-from specrl.engine.model import LlamaModel
+from specrl.models.kv_cache import KVCache
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.proposer import Proposal, ProposalContext

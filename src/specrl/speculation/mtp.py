@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from specrl.models.checkpoint import ModelConfig, load_state_dict, parse_config
-from specrl.engine.model import LlamaModel
+from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.head_layer import HeadLinear, RMSNorm
 

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import torch
 
-from specrl.engine.kv_cache import KVCache
+from specrl.models.kv_cache import KVCache
 from specrl.sampling import SamplingParams, draw, sampling_distribution
 
 

@@ -13,7 +13,8 @@
 
 `none` (no speculation) is not a proposer; `PROPOSER_CHOICES` adds it for configs and CLIs.
 Everything that names proposers reads this module: `BackendConfig`'s choices, both backends,
-the model registry (which checkpoints a target can register), the benches and draft training.
+the benches and draft training; the model registry keeps its own list of the kinds that load a
+checkpoint (`DRAFT_CHECKPOINTS`, which models sit below speculation to own), checked against this one.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from specrl.engine.model import LlamaModel
 from specrl.models.checkpoint import read_config_json
+from specrl.models.llama import LlamaModel
+from specrl.models.registry import DRAFT_CHECKPOINTS
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.draft_model import DraftModelProposer
 from specrl.speculation.eagle3 import Eagle3Head
@@ -88,6 +90,9 @@ PROPOSER_NAMES = tuple(KINDS)
 PROPOSER_CHOICES = ("none", *PROPOSER_NAMES)
 ProposerChoice = Literal[PROPOSER_CHOICES]  # type: ignore[valid-type]
 MODEL_DRAFTS = tuple(kind.name for kind in KINDS.values() if kind.checkpoint)  # kinds that load a checkpoint
+if set(MODEL_DRAFTS) != set(DRAFT_CHECKPOINTS):  # the model registry names each target's drafts by these kinds
+    raise ImportError(f"proposer kinds that load a checkpoint {MODEL_DRAFTS} != models.registry.DRAFT_CHECKPOINTS "
+                      f"{DRAFT_CHECKPOINTS}: change both together")
 ModelDraftChoice = Literal[MODEL_DRAFTS]  # type: ignore[valid-type]
 HEAD_KINDS = {kind.name: kind.head for kind in KINDS.values() if kind.head is not None}
 

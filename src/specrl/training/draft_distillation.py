@@ -27,8 +27,8 @@ import torch
 from specrl.models.checkpoint import load_causal_lm, save_atomically
 from specrl.models.reduced_vocab import build_draft, save_draft
 from specrl.rl.sequences import train_batch
+from specrl.speculation.draft_losses import soft_cross_entropy
 from specrl.training.loop import fit, shuffled_batches
-from specrl.training.losses import soft_cross_entropy
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
 from specrl.validation import check_fields, within
 

@@ -22,14 +22,14 @@ from typing import Literal
 
 import torch
 
-from specrl.engine.model import LlamaModel
 from specrl.models.checkpoint import save_atomically
+from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
+from specrl.speculation.draft_losses import soft_cross_entropy
 from specrl.speculation.eagle3 import Eagle3Head
 from specrl.speculation.mtp import MTPHead
 from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.training.loop import fit, shuffled_batches
-from specrl.training.losses import soft_cross_entropy
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
 from specrl.validation import check_fields, within
 

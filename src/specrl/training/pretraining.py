@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedModel
 
-from specrl.tasks import arithmetic
 from specrl.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
 from specrl.models.checkpoint import save_atomically
-from specrl.training.losses import add_totals, agreement, distill_loss, mean_agreement
-from specrl.rl.sequences import masked_mean, sample_responses, train_batch
-from specrl.training.loop import fit
 from specrl.models.tiny import EOS_ID, PAD_ID, TINY, TINY_DRAFT, TinyShape
+from specrl.rl.sequences import masked_mean, sample_responses, train_batch
+from specrl.speculation.draft_losses import add_totals, agreement, distill_loss, mean_agreement
+from specrl.tasks import arithmetic
+from specrl.training.loop import fit
 from specrl.validation import check_fields, within
 
 

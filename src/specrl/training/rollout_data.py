@@ -1,7 +1,7 @@
 """The target's own rollouts, the data every draft is trained on (draft models and hidden-state heads).
 
 The embedded engine samples the target at temperature 1 on the prompts of its RL preset
-(`pipeline.config.preset_prompts`, rendered exactly as RL renders them), on its fast path,
+(`tasks.presets.preset_prompts`, rendered exactly as RL renders them), on its fast path,
 many prompts per call, with a `HiddenStateRecorder` in the proposer slot: the hidden states
 the engine computes anyway (prefill and decode) become each rollout's features, so
 teacher-forced features cost no extra forward pass. Per response position the target's
@@ -24,13 +24,13 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specrl.engine.engine import EngineConfig, RolloutEngine
-from specrl.engine.model import LlamaModel
 from specrl.models.checkpoint import load_tokenizer
-from specrl.pipeline.config import preset_prompts
+from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_head import default_aux_layers
 from specrl.speculation.eagle3 import engine_layers
 from specrl.speculation.hidden_recorder import HiddenStateRecorder
+from specrl.tasks.presets import preset_prompts
 from specrl.validation import check_fields, within
 
 

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from specrl.training.losses import agreement, distill_loss, mean_agreement
+from specrl.speculation.draft_losses import agreement, distill_loss, mean_agreement
 
 
 def _logits(probs):

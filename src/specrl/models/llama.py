@@ -1,4 +1,4 @@
-"""The embedded engine's compact inference path for Llama-family decoders.
+"""The Llama-family network the embedded engine and the drafts run: a compact inference path.
 
 One module covers Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm)
 and SmolLM2 (Llama with tied embeddings). Projections are fused (qkv, gate+up) so
@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specrl.engine.kv_cache import KVCache
 from specrl.kernels import decoder_layer, small_gemm
 from specrl.models.checkpoint import (ModelConfig, check_d2t, check_finite, load_state_dict, parse_config,
                                       read_config_json)
+from specrl.models.kv_cache import KVCache
 
 
 class Projection:
