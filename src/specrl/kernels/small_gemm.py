@@ -4,9 +4,9 @@ Decoding and verification multiply a few rows (M = live rows x (k + 1)) by weigh
 from memory; MKL's gemm for M >= 2 streams them 1.7-2.5x slower than its gemv for M = 1, so
 before this kernel verifying 3 drafts at batch 1 cost ~2.6 decode steps. The kernel streams
 each weight once for up to 8 rows (see the .cpp) and is used for M <= MAX_ROWS; larger M goes
-to MKL, which is efficient there.
+to MKL. Blocks of 16 outputs on AVX-512, 8 on AVX2 (`fp32_block()`); the two give the same bits.
 
-    packed = pack(weight)              [N, K] -> [ceil(N/8), K, 8], once per weight load or sync
+    packed = pack(weight)              [N, K] -> [ceil(N/block), K, block], once per weight load or sync
     y = matmul(x, packed, N)           x [..., K] -> y [..., N]
 
 int8 weights (the int8 self-draft), symmetric per output row, activations fp32 (each weight widened

@@ -301,6 +301,8 @@ class LlamaModel:
         """
         c = self.cfg
         B, T = input_ids.shape
+        if cache.batch != B:  # (the fused layer writes each row's K/V by its index: a smaller cache must not get here)
+            raise ValueError(f"the KV cache holds {cache.batch} rows but the input has {B}")
         slots = cache.lens.unsqueeze(1) + torch.arange(T).unsqueeze(0)  # [B, T]
         positions = slots if tree is None else cache.lens.unsqueeze(1) + tree.depths.unsqueeze(0)
         if int(positions.max()) >= c.max_position_embeddings:
