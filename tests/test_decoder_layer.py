@@ -82,3 +82,9 @@ def test_the_pytorch_layer_runs_where_the_fused_one_cannot(target_dir):
     want = model.forward(long, cache)[0]
     model.fused_layers = layers
     torch.testing.assert_close(model.forward(long, cache)[0], want, rtol=0, atol=0)
+
+
+def test_a_cache_of_another_batch_size_is_refused(target_dir):
+    model = LlamaModel.from_pretrained(target_dir)
+    with pytest.raises(ValueError, match="KV cache holds 1 rows but the input has 2"):
+        model.forward(torch.zeros(2, 1, dtype=torch.long), model.new_cache(1, 8))
