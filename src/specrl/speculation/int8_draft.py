@@ -2,7 +2,7 @@
 
 The draft is the target's own network (`LlamaModel.int8_copy`): every projection and the LM head
 rounded to int8 per output row (symmetric, fp32 scale), embeddings and norms shared, activations
-fp32, its own KV cache. It drafts like any draft model (`DraftModelProposer`: sampled from q at the
+fp32. It drafts like any draft model (`DraftModelProposer`: sampled from q at the
 call's temperature, top-k and top-p) and goes through the same exact verifier, so the rollouts keep
 the policy's distribution exactly; the rounding only costs acceptance.
 
