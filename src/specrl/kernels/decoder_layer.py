@@ -46,13 +46,16 @@ class Layer(ctypes.Structure):
 
     @classmethod
     def of(cls, weights: dict, cfg) -> "Layer":
-        """`weights`: one entry of `LlamaModel.layers`, every projection packed for the kernels."""
-        layer = cls(_pointer(weights["attn_norm"]), _pointer(weights["mlp_norm"]), _pointer(weights["q_norm"]),
-                    _pointer(weights["k_norm"]), _pointer(weights["qkv"].bias),
-                    *(_weight(weights[name]) for name in ("qkv", "o", "gate_up", "down")),
+        """`weights`: one entry of `LlamaModel.layers`, every projection packed for the kernels. The norms and
+        the bias are read through contiguous fp32 copies where they are not so already (a synced state dict
+        may hold views)."""
+        vectors = [None if v is None else v.float().contiguous()
+                   for v in (weights["attn_norm"], weights["mlp_norm"], weights["q_norm"], weights["k_norm"],
+                             weights["qkv"].bias)]
+        layer = cls(*map(_pointer, vectors), *(_weight(weights[name]) for name in ("qkv", "o", "gate_up", "down")),
                     cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                     cfg.intermediate_size, cfg.rms_norm_eps)
-        layer.keep = weights
+        layer.keep = (weights, vectors)
         return layer
 
 
