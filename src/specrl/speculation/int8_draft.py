@@ -53,7 +53,7 @@ class Int8DraftProposer(DraftModelProposer):
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         if self.target.layers is not self.built_from:
             self._rebuild()
-        super().start(tokens, num_tokens, params)
+        self.prefill = self.row_base = self.cache = None  # no prompt to prefill: each proposal reads the target's cache
 
     def select_rows(self, rows: torch.Tensor) -> None:
         pass  # each proposal starts from the target's cache, whose rows the engine selects
@@ -66,7 +66,6 @@ class Int8DraftProposer(DraftModelProposer):
         if target is None:
             raise ValueError("the int8 self-draft drafts in the target's KV cache: ProposalContext.target_cache "
                              "is required")
-        self.prefill = self.row_base = None
         self.cache = KVCache(target.keys, target.values, target.lens.clone())
         self.synced = target.lens.clone()
         return super().propose(context, k)
