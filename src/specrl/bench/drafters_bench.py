@@ -1,7 +1,8 @@
 """Every proposer on the same prompts: which draft pays where.
 
 For each batch size, one round runs the baseline (no speculation) and then every proposer
-on the same prompts with the same seed, in turn; rounds repeat and medians are reported
+(under each chain verification rule asked for: block, token) on the same prompts with the
+same seed, in turn; rounds repeat and medians are reported
 (these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline of
 the same round set, acceptance length and per-position acceptance (vLLM's definitions),
 the share of wall time spent inside the proposer, and the K the adaptive controller ran.
@@ -23,7 +24,7 @@ from specrl.bench.rollout_bench import bench_inputs
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES, default_speculative_tokens
 from specrl.telemetry.spec_stats import SpecStats
-from specrl.validation import check_fields, within
+from specrl.validation import check_fields, choices, within
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class DraftersBenchConfig:
     rounds: int = within(3, "[1, inf)")
     seed: int = 0
     plot: str | None = "drafters.png"  # speedup vs batch, one line per proposer; None = no plot
+    # the chain verification rules to run each proposer under (block, token), side by side in every round
+    verifications: tuple[str, ...] = ("block",)
 
     def __post_init__(self):
         check_fields(self)
@@ -52,6 +55,9 @@ class DraftersBenchConfig:
             raise ValueError(f"unknown proposers {unknown}; choose from {PROPOSER_NAMES}")
         if not self.proposers or not self.batches or min(self.batches) < 1:
             raise ValueError("proposers and batches must be non-empty and batches >= 1")
+        rules = choices(BackendConfig, "verification")
+        if not self.verifications or any(v not in rules for v in self.verifications):
+            raise ValueError(f"verifications must be a non-empty subset of {list(rules)}, got {list(self.verifications)}")
 
 
 @dataclass
@@ -72,16 +78,18 @@ class _Runs:
 
 
 def _backends(config: DraftersBenchConfig) -> tuple[dict, dict[str, str]]:
+    """(proposer, verification) -> backend, the baseline as ("none", None); and the proposers skipped, with why."""
     backends, skipped = {}, {}
     common = dict(model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive,
                   hybrid_model=config.hybrid_model)
-    for name in ("none", *config.proposers):
-        try:
-            backends[name] = make_backend(BackendConfig(proposer=name, **common))
-        except FileNotFoundError as err:  # an untrained draft: say which, and how to make it
-            if name == "none":
-                raise
-            skipped[name] = str(err)
+    backends["none", None] = make_backend(BackendConfig(**common))
+    for name in config.proposers:
+        for rule in config.verifications:
+            try:
+                backends[name, rule] = make_backend(BackendConfig(proposer=name, verification=rule, **common))
+            except FileNotFoundError as err:  # an untrained draft: say which, and how to make it
+                skipped[name] = str(err)
+                break
     return backends, skipped
 
 
@@ -100,25 +108,25 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
     rows, done, total = [], 0, len(config.batches) * config.rounds
     for batch, (prompts, n) in inputs.items():
         warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed)
-        for name, backend in backends.items():
+        for (name, _), backend in backends.items():
             if name != "none":
                 backend.generate(prompts, warm)  # adaptive K explores before timing
-        runs = {name: _Runs() for name in backends}
+        runs = {key: _Runs() for key in backends}
         for r in range(config.rounds):
             params = SamplingParams(n=n, temperature=config.temperature, max_tokens=config.max_tokens,
                                     seed=config.seed + 1 + r)
-            for name, backend in backends.items():
-                runs[name].add(backend.generate(prompts, params))
+            for key, backend in backends.items():
+                runs[key].add(backend.generate(prompts, params))
             done += 1
             if progress is not None:
                 progress(done, total)
-        base = statistics.median(runs["none"].rates)
-        for name, run in runs.items():
+        base = statistics.median(runs["none", None].rates)
+        for (name, rule), run in runs.items():
             if name == "none":
                 continue
             rate = statistics.median(run.rates)
             rows.append({
-                "proposer": name, "batch": batch, "n": n, "tokens_per_s": rate, "tokens_per_s_base": base,
+                "proposer": name, "verification": rule, "batch": batch, "n": n, "tokens_per_s": rate, "tokens_per_s_base": base,
                 "speedup": rate / base, "acceptance_length": run.spec.acceptance_length,
                 "acceptance_per_pos": run.spec.acceptance_per_pos, "draft_cost_share": run.draft_seconds / run.seconds,
                 "k_histogram": dict(sorted(run.k_histogram.items())),
@@ -126,6 +134,7 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
     best = max(rows, key=lambda row: row["speedup"]) if rows else None
     summary = {
         "model": config.model, "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature,
+        "verifications": list(config.verifications),
         "max_tokens": config.max_tokens, "rounds": config.rounds, "rows": rows, "skipped": skipped,
         "best": {"proposer": best["proposer"], "batch": best["batch"], "speedup": best["speedup"]} if best else None,
     }
@@ -142,9 +151,10 @@ def plot_speedups(rows: list[dict], path: Path, config: DraftersBenchConfig) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name in dict.fromkeys(row["proposer"] for row in rows):
-        mine = [row for row in rows if row["proposer"] == name]
-        ax.plot([row["batch"] for row in mine], [row["speedup"] for row in mine], marker="o", label=name)
+    for name, rule in dict.fromkeys((row["proposer"], row["verification"]) for row in rows):
+        mine = [row for row in rows if (row["proposer"], row["verification"]) == (name, rule)]
+        label = name if len(config.verifications) == 1 else f"{name} ({rule})"
+        ax.plot([row["batch"] for row in mine], [row["speedup"] for row in mine], marker="o", label=label)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch (rows = prompts x n)")

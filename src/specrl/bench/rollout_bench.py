@@ -65,6 +65,7 @@ class RolloutBenchConfig:
     k: int | None = within(None, "[0, inf)", alias="K")  # num_speculative_tokens; None = the proposer's default
     adaptive: bool = True  # let the engine choose K per step (0 = off), and chain or tree
     tree_width: int = within(1, "[1, inf)")  # with adaptive=False: the tree width of every step (1 = a chain)
+    verification: Literal["block", "token"] | None = None  # a chain's acceptance rule; None = the backend's own
     max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
     temperature: float = within(1.0, "[0, inf)")
     # every row generates max_tokens, past EOS: both variants time the same token count over a batch that does
@@ -195,7 +196,8 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
                   compile=config.compile)
     spec_only = dict(fixed_tree_width=config.tree_width) if config.backend == "embedded" else {}
     base = make_backend(BackendConfig(proposer="none", **common))
-    spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, **common, **spec_only))
+    spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, verification=config.verification,
+                                      **common, **spec_only))
     eager = make_backend(BackendConfig(proposer="none", **{**common, "compile": False})) \
         if config.eager_baseline and config.compile else None
     hf = HFGenerate(config.model, base.tokenizer) if config.hf else None
@@ -242,7 +244,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     costs = step_cost_model(config, base, runs["spec"], stats, spec_rate / base_rate, all_prompts, max_tokens)
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
-        "n": config.n,
+        "n": config.n, "verification": config.verification,
         "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
         "rounds": config.rounds, "calls_per_round": calls,
         "rows_timed": sum(len(r.completions) for r in runs["spec"]), "threads": torch.get_num_threads(),

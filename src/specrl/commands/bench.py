@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--tree-width", type=int, default=d.tree_width,
                    help="with --fixed-k: draft every step as a tree of this many candidate first tokens, each "
                         "with K-1 drafts (EAGLE-3 / MTP heads; default %(default)s = a chain)")
+    p.add_argument("--verification", default=d.verification, choices=choices(RolloutBenchConfig, "verification"),
+                   help="how a chain's drafts are accepted, both exact: block (jointly) or token (one by one) "
+                        "(default: the backend's own, block on the embedded engine)")
     p.add_argument("--no-compile", action="store_true",
                    help="run the embedded engine eager (PyTorch/MKL) instead of its fast path")
     p.add_argument("--eager-baseline", action="store_true",
@@ -62,6 +65,9 @@ def register(subparsers) -> None:
     q.add_argument("--hybrid-model", default=c.hybrid_model, choices=MODEL_DRAFTS,
                    help="the model-draft half of the hybrid (default: %(default)s)")
     q.add_argument("--plot", default=c.plot, help="PNG path for the speedup plot (default: %(default)s)")
+    q.add_argument("--verification", default=",".join(c.verifications),
+                   help="comma-separated chain verification rules to run every proposer under, side by side: "
+                        "block (joint, the engine's default) and token (one by one) (default: %(default)s)")
     _add_sampling_flags(q, c)
     q.set_defaults(func=run_drafters)
 
@@ -132,7 +138,8 @@ def run(args) -> dict:
     set_threads(args.threads)
     config = RolloutBenchConfig(
         model=args.model, proposer=args.proposer, draft=args.draft, backend=args.backend, batch=args.batch, n=args.n,
-        k=args.k, adaptive=not args.fixed_k, tree_width=args.tree_width, max_tokens=args.max_tokens,
+        k=args.k, adaptive=not args.fixed_k, tree_width=args.tree_width, verification=args.verification,
+        max_tokens=args.max_tokens,
         temperature=args.temperature, ignore_eos=args.ignore_eos,
         rounds=args.rounds, rows_per_round=args.rows_per_round, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
         seed=args.seed,
@@ -169,16 +176,18 @@ def run_drafters(args) -> dict:
         batches=_int_list(args.batches, "--batches"), n=args.n, k=args.k, adaptive=not args.fixed_k,
         hybrid_model=args.hybrid_model, max_tokens=args.max_tokens, temperature=args.temperature,
         rounds=args.rounds, seed=args.seed, plot=args.plot,
+        verifications=tuple(v for v in args.verification.split(",") if v),
     )
     rounds = len(config.batches) * config.rounds
     with progress_bar(f"bench drafters {config.model}", rounds) as update:
         summary = run_drafters_bench(config, progress=update)
     table = Table(title=f"drafters: {config.model}, T={config.temperature}, "
                         f"{'adaptive K' if config.adaptive else 'K'} <= {'per proposer' if config.k is None else config.k}")
-    for column in ("proposer", "batch", "tokens/s", "speedup", "accept len", "accept per pos", "draft cost", "K used"):
+    for column in ("proposer", "verify", "batch", "tokens/s", "speedup", "accept len", "accept per pos", "draft cost",
+                   "K used"):
         table.add_column(column)
     for row in summary["rows"]:
-        table.add_row(row["proposer"], str(row["batch"]), f"{row['tokens_per_s']:.1f}", f"{row['speedup']:.2f}x",
+        table.add_row(row["proposer"], row["verification"], str(row["batch"]), f"{row['tokens_per_s']:.1f}", f"{row['speedup']:.2f}x",
                       f"{row['acceptance_length']:.2f}", " ".join(f"{a:.2f}" for a in row["acceptance_per_pos"]),
                       f"{100 * row['draft_cost_share']:.0f}%", str(row["k_histogram"]))
     console.print(table)

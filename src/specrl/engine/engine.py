@@ -9,7 +9,8 @@ One `generate` call:
                (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
                p = sampling_distribution(logits)                 tree attention) temperature / top-k / top-p
-    verify     tokens, num_emitted = verify(drafts, q, p)        exact; k = 0 is plain sampling
+    verify     tokens, num_emitted = block_verify(drafts, q, p)  exact; k = 0 is plain sampling
+               (config.verification = "token": `verify`, token by token)
                (a tree: verify_tree, then the accepted branch's K/V move next to the root)
     advance    each row's cache and tokens by num_emitted; every emitted token's logprob under p;
                proposer.observe(target hidden states) for heads that read them (EAGLE-3, MTP);
@@ -32,6 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -40,6 +42,7 @@ from specrl.generation import Completion, GenerateResult, encode_prompts, respon
 from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
+from specrl.speculation.block_verify import block_verify
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
 from specrl.speculation.tree import TreeShape, verify_tree
 from specrl.speculation.verify import verify
@@ -58,9 +61,15 @@ class EngineConfig:
     max_tree_width: int = within(3, "[1, inf)")
     fixed_tree_width: int = within(1, "[1, inf)")
     max_model_len: int | None = within(None, "[2, inf)")  # prompt + generation cap; None = the model's context
+    # how a chain's drafts are accepted, both exact: "block" jointly (`block_verify`, never fewer on average),
+    # "token" one by one (`verify`); a tree's candidates are always verified stage by stage (`verify_tree`)
+    verification: Literal["block", "token"] = "block"
 
     def __post_init__(self):
         check_fields(self)
+
+
+CHAIN_VERIFIERS = {"block": block_verify, "token": verify}
 
 
 @dataclass
@@ -114,6 +123,7 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.proposer = proposer
         self.config = config
+        self.verify_chain = CHAIN_VERIFIERS[config.verification]
         self.version = 0
         max_k = config.num_speculative_tokens if proposer is not None else 0
         widest = proposer.max_width if proposer is not None else 1
@@ -223,7 +233,7 @@ class RolloutEngine:
         proposal, draft_seconds = self._propose(batch, call, k, width)
         probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)
         if tree is None:
-            emitted, num_emitted = verify(proposal.tokens, proposal.probs, probs, call.generator)
+            emitted, num_emitted = self.verify_chain(proposal.tokens, proposal.probs, probs, call.generator)
         else:
             emitted, num_emitted, logprobs, hidden = self._verify_tree(batch, proposal, probs, logprobs, hidden, tree,
                                                                        call.generator)

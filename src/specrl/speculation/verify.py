@@ -29,7 +29,7 @@ from specrl.sampling import draw
 PAD = -1
 
 
-def _draft_token_probs(draft_tokens: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+def draft_token_probs(draft_tokens: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
     """probs[b, i, draft_tokens[b, i]] -> [B, K]; ones for a one-hot (None) draft."""
     if probs is None:
         return torch.ones(draft_tokens.shape, dtype=torch.float32, device=draft_tokens.device)
@@ -50,8 +50,8 @@ def acceptance_probs(
     One-hot proposals (`draft_probs=None`) have q_i(x_i) = 1.
     """
     K = draft_tokens.shape[1]
-    p = _draft_token_probs(draft_tokens, target_probs[:, :K])
-    q = _draft_token_probs(draft_tokens, draft_probs)
+    p = draft_token_probs(draft_tokens, target_probs[:, :K])
+    q = draft_token_probs(draft_tokens, draft_probs)
     ratio = torch.where(q > 0, p / q.clamp_min(torch.finfo(q.dtype).tiny), 0.0)
     return ratio.clamp(max=1.0)
 
@@ -92,13 +92,8 @@ def verify(
     Example (K = 3): drafts [5, 7, 2], first rejection at i = 1, recovered token 4
         -> tokens [5, 4, -1, -1], num_emitted 2.
     """
-    if draft_tokens.dim() != 2:
-        raise ValueError(f"draft_tokens must be [B, K], got shape {tuple(draft_tokens.shape)}")
+    check_chain(draft_tokens, draft_probs, target_probs)
     B, K = draft_tokens.shape
-    if target_probs.shape[:2] != (B, K + 1):
-        raise ValueError(f"target_probs must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(target_probs.shape)}")
-    if draft_probs is not None and draft_probs.shape != (B, K, target_probs.shape[-1]):
-        raise ValueError(f"draft_probs must be [B, K, V] matching target_probs, got {tuple(draft_probs.shape)}")
     device = target_probs.device
 
     accept_p = acceptance_probs(draft_tokens, draft_probs, target_probs)  # [B, K]
@@ -110,8 +105,25 @@ def verify(
     rows = recover[torch.arange(B, device=device), num_accepted]  # [B, V]
     extra = draw(rows, generator)  # [B]
 
-    positions = torch.arange(K + 1, device=device).unsqueeze(0)  # [1, K+1]
-    padded_drafts = torch.cat([draft_tokens, torch.full((B, 1), PAD, dtype=torch.long, device=device)], dim=1)
-    tokens = torch.where(positions < num_accepted.unsqueeze(1), padded_drafts, PAD)
+    return emitted_tokens(draft_tokens, num_accepted, extra), num_accepted + 1
+
+
+def check_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor) -> None:
+    """Raise ValueError naming the argument whose shape does not fit a batch of K-draft chains."""
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [B, K], got shape {tuple(draft_tokens.shape)}")
+    B, K = draft_tokens.shape
+    if target_probs.shape[:2] != (B, K + 1):
+        raise ValueError(f"target_probs must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(target_probs.shape)}")
+    if draft_probs is not None and draft_probs.shape != (B, K, target_probs.shape[-1]):
+        raise ValueError(f"draft_probs must be [B, K, V] matching target_probs, got {tuple(draft_probs.shape)}")
+
+
+def emitted_tokens(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """[B, K+1]: each row's first num_accepted drafts, then its extra (recovered or bonus) token, then PAD."""
+    B, K = draft_tokens.shape
+    positions = torch.arange(K + 1, device=draft_tokens.device).unsqueeze(0)  # [1, K+1]
+    padded = torch.cat([draft_tokens, torch.full((B, 1), PAD, dtype=torch.long, device=draft_tokens.device)], dim=1)
+    tokens = torch.where(positions < num_accepted.unsqueeze(1), padded, PAD)
     tokens.scatter_(1, num_accepted.unsqueeze(1), extra.unsqueeze(1))
-    return tokens, num_accepted + 1
+    return tokens

