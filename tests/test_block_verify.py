@@ -101,3 +101,19 @@ def test_no_drafts_is_plain_sampling_and_bad_shapes_are_refused():
         block_verify(torch.zeros(1, 2, dtype=torch.long), None, p)
     with pytest.raises(ValueError, match="draft_probs must be"):
         block_verify(torch.zeros(1, 0, dtype=torch.long), torch.ones(1, 1, V), p)
+
+
+def test_the_verification_benchs_closed_forms_are_each_rules_mean_accepted_count():
+    """`bench verification` prices each rule on a chain in closed form; the verifiers' sampled means agree."""
+    from specrl.bench.verification_bench import expected_accepted_block, expected_accepted_token
+
+    gen = torch.Generator().manual_seed(5)
+    k, n = 3, 40_000
+    p_rows = torch.stack([dist(gen) for _ in range(k + 1)]).unsqueeze(0)
+    q_rows = torch.stack([dist(gen) for _ in range(k)]).unsqueeze(0)
+    drafts = torch.stack([torch.multinomial(q_rows[0, i], 1, generator=gen) for i in range(k)], 1)  # one chain
+    for closed, verifier in ((expected_accepted_token, verify), (expected_accepted_block, block_verify)):
+        want = float(closed(drafts, q_rows, p_rows)[0])
+        _, emitted = verifier(drafts.expand(n, k), q_rows.expand(n, k, V), p_rows.expand(n, k + 1, V), gen)
+        got = (emitted - 1).double()
+        assert abs(float(got.mean()) - want) < 4 * float(got.std()) / n ** 0.5 + 1e-9, (verifier.__name__, want)

@@ -10,6 +10,7 @@ from specrl.bench.async_bench import AsyncBenchConfig, run_async_bench
 from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
 from specrl.bench.exactness_bench import ExactnessBenchConfig, run_exactness_bench
 from specrl.bench.kernel_bench import KernelBenchConfig, run_kernel_bench
+from specrl.bench.verification_bench import VerificationBenchConfig, run_verification_bench
 from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
 from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
@@ -70,6 +71,28 @@ def register(subparsers) -> None:
                         "block (joint, the engine's default) and token (one by one) (default: %(default)s)")
     _add_sampling_flags(q, c)
     q.set_defaults(func=run_drafters)
+
+    v = VerificationBenchConfig()
+    vb = kinds.add_parser("verification", help="block vs token verification: each rule's expected acceptance length "
+                                                "on the same draft chains",
+                          description="Runs each proposer at a fixed chain of K drafts and, at every verify step, "
+                                      "computes in closed form how many drafts token-by-token and block verification "
+                                      "accept in expectation on that step's drafts, q and p. Reports both acceptance "
+                                      "lengths, their paired difference with its standard error, and the run's "
+                                      "realised acceptance length. Ends with one JSON line.")
+    vb.add_argument("--model", default=v.model, help="tiny | smollm2-135m | checkpoint dir (default: %(default)s)")
+    vb.add_argument("--proposers", default=",".join(v.proposers),
+                    help="comma-separated subset of " + ",".join(PROPOSER_NAMES) + " (default: %(default)s)")
+    vb.add_argument("--k", type=int, default=v.k, help="drafts per chain, every step (default: %(default)s)")
+    vb.add_argument("--batch", type=int, default=v.batch, help="rows per call (default: %(default)s)")
+    vb.add_argument("--calls", type=int, default=v.calls, help="calls per proposer (default: %(default)s)")
+    vb.add_argument("--max-tokens", type=int, default=v.max_tokens, help="(default: %(default)s)")
+    vb.add_argument("--temperature", type=float, default=v.temperature, help="(default: %(default)s)")
+    vb.add_argument("--top-p", type=float, default=v.top_p, help="(default: %(default)s)")
+    vb.add_argument("--top-k", type=int, default=v.top_k, help="(default: %(default)s = off)")
+    vb.add_argument("--seed", type=int, default=v.seed, help="call i uses seed + i (default: %(default)s)")
+    add_threads_flag(vb)
+    vb.set_defaults(func=run_verification)
 
     e = KernelBenchConfig()
     t = kinds.add_parser("kernel", help="one pass over a model's projections: eager (MKL) vs the fast path, and the int8 "
@@ -220,6 +243,25 @@ def run_exactness(args) -> dict:
         table.add_column(column)
     for name, row in summary["variants"].items():
         table.add_row(name, str(row["tokens"]), f"{row['z']:+.2f}", str(row["z_per_position"]))
+    console.print(table)
+    return summary
+
+
+def run_verification(args) -> dict:
+    set_threads(args.threads)
+    config = VerificationBenchConfig(model=args.model, proposers=tuple(p for p in args.proposers.split(",") if p),
+                                     k=args.k, batch=args.batch, calls=args.calls, max_tokens=args.max_tokens,
+                                     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    with progress_bar(f"bench verification {config.model}", len(config.proposers) * config.calls) as update:
+        summary = run_verification_bench(config, progress=update)
+    table = Table(title=f"block vs token verification: {config.model}, K={config.k}, batch {config.batch}, "
+                        f"T={config.temperature}")
+    for column in ("proposer", "chains", "accept len token", "accept len block", "gain (± s.e.)", "realised"):
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(row["proposer"], str(row["chains"]), f"{row['acceptance_length_token']:.3f}",
+                      f"{row['acceptance_length_block']:.3f}", f"{row['gain']:+.3f} ± {row['gain_stderr']:.3f}",
+                      f"{row['realised_acceptance_length']:.2f}")
     console.print(table)
     return summary
 

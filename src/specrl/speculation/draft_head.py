@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from specrl.models.checkpoint import ModelConfig, check_finite
+from specrl.models.checkpoint import ModelConfig, check_finite, read_config_json
 from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel, rope_tables
 from specrl.speculation.head_layer import DraftDecoderLayer, HeadLinear, chain_rows
@@ -38,8 +38,15 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     return 1, max(1, num_layers // 2), num_layers
 
 
+def saved_head_kind(raw: dict) -> str | None:
+    """The head kind a checkpoint's config.json declares (specrl's `specrl_head`, or vLLM's EAGLE-3
+    architecture), or None when it is not a head."""
+    return raw.get("specrl_head") or ("eagle3" if "Eagle3" in "".join(raw.get("architectures") or []) else None)
+
+
 class DraftHead(nn.Module):
     kind = "head"
+    reduced_vocabulary = False  # whether a fresh head may draft over a subset of the target's ids (`d2t`)
 
     def __init__(self, cfg: ModelConfig, target: LlamaModel, in_features: int):
         super().__init__()
@@ -64,7 +71,37 @@ class DraftHead(nn.Module):
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    @classmethod
+    def load(cls, head_dir: Path, raw: dict, target: LlamaModel) -> "DraftHead":
+        raise NotImplementedError
+
+    @classmethod
+    def from_target(cls, target: LlamaModel, d2t: torch.Tensor | None = None) -> "DraftHead":
+        """A fresh head shaped like `target` (over the ids `d2t` where `reduced_vocabulary`)."""
+        raise NotImplementedError
+
     # -- shared -----------------------------------------------------------------------------
+    @classmethod
+    def load_checked(cls, head_dir: str | Path, target: LlamaModel) -> "DraftHead":
+        """Load a saved head of this class for `target`, in eval mode; another kind, vocabulary or width is an
+        error that names it."""
+        head_dir = Path(head_dir)
+        raw = read_config_json(head_dir)
+        saved = saved_head_kind(raw)
+        if saved is None:
+            raise ValueError(f"{head_dir}: not an EAGLE-3 or MTP head (architectures={raw.get('architectures')})")
+        if saved != cls.kind:
+            raise ValueError(f"{head_dir}: is a {saved} head, but proposer={cls.kind} was asked for")
+        tc = target.cfg
+        if raw.get("vocab_size") != tc.vocab_size:
+            raise ValueError(f"draft/target vocabulary mismatch: head {head_dir} has vocab_size "
+                             f"{raw.get('vocab_size')}, target {target.source} has {tc.vocab_size}")
+        if raw.get("hidden_size") != tc.hidden_size:
+            raise ValueError(f"{head_dir}: head hidden_size {raw.get('hidden_size')} != target's {tc.hidden_size}")
+        head = cls.load(head_dir, raw, target)
+        head.eval()
+        return head
+
     @property
     def output_vocab_size(self) -> int:
         return self.cfg.output_vocab_size

@@ -51,6 +51,7 @@ def engine_layers(aux_layers: tuple[int, ...]) -> tuple[int, ...]:
 
 class Eagle3Head(DraftHead):
     kind = "eagle3"
+    reduced_vocabulary = True
 
     def __init__(self, cfg: ModelConfig, target: LlamaModel, aux_layers: tuple[int, ...]):
         super().__init__(cfg, target, in_features=2 * cfg.hidden_size)

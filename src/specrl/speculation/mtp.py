@@ -72,9 +72,11 @@ class MTPHead(DraftHead):
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def from_target(cls, target: LlamaModel) -> "MTPHead":
+    def from_target(cls, target: LlamaModel, d2t: torch.Tensor | None = None) -> "MTPHead":
         """A fresh module: the layer from the target's last layer, eh_proj passing h through,
-        shared_head.norm from the target's final norm."""
+        shared_head.norm from the target's final norm. It drafts over the target's whole vocabulary."""
+        if d2t is not None:
+            raise ValueError("an MTP head drafts over the target's whole vocabulary: it takes no d2t")
         cfg = dataclasses.replace(target.cfg, num_hidden_layers=1, draft_vocab_size=None)
         head = cls(cfg, target)
         last, H = target.layers[-1], cfg.hidden_size

@@ -26,8 +26,6 @@ from specrl.models.checkpoint import save_atomically
 from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.draft_losses import soft_cross_entropy
-from specrl.speculation.eagle3 import Eagle3Head
-from specrl.speculation.mtp import MTPHead
 from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.training.loop import fit, shuffled_batches
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
@@ -161,11 +159,12 @@ def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config:
 
 
 def new_head(kind: str, target: LlamaModel, soft_counts: torch.Tensor, draft_vocab: int) -> DraftHead:
-    if kind == "mtp":
-        return MTPHead.from_target(target)
-    if draft_vocab == 0 or draft_vocab >= target.cfg.vocab_size:
-        return Eagle3Head.from_target(target)
-    return Eagle3Head.from_target(target, d2t=draft_vocabulary(soft_counts, draft_vocab)[0])
+    """A fresh head of `kind`, over the `draft_vocab` most sampled ids where its class drafts a reduced
+    vocabulary and 0 < draft_vocab < V (else the whole vocabulary)."""
+    head = HEAD_KINDS[kind]
+    if head.reduced_vocabulary and 0 < draft_vocab < target.cfg.vocab_size:
+        return head.from_target(target, d2t=draft_vocabulary(soft_counts, draft_vocab)[0])
+    return head.from_target(target)
 
 
 def train_head(target_name: str, target_dir, out, config: TrainHeadConfig, rollouts_dir: Path | None = None,
