@@ -12,9 +12,6 @@ from specrl.models.checkpoint import load_tokenizer
 from specrl.models.llama import LlamaModel
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
-from specrl.speculation.draft_model import DraftModelProposer
-from specrl.speculation.head_proposer import HeadProposer
-from specrl.speculation.hybrid import HybridProposer
 from specrl.speculation.proposer_registry import build_proposer
 
 
@@ -58,14 +55,11 @@ class EmbeddedBackend:
 
     def sync_weights(self, policy: dict[str, torch.Tensor], version: int,
                      draft: dict[str, torch.Tensor] | None = None) -> None:
-        part = self.proposer.model_part if isinstance(self.proposer, HybridProposer) else self.proposer
-        if draft is not None and not isinstance(part, (DraftModelProposer, HeadProposer)):
-            raise ValueError("draft weights were sent, but this backend's proposer has no draft model or head")
-        head_source = f"head weights of version {version}"
-        if draft is not None and isinstance(part, HeadProposer):  # checked before the policy is replaced
-            part.head.check_checkpoint_state(draft, head_source)
+        source = f"draft weights of version {version}"
+        if draft is not None:  # checked before the policy is replaced, so a refusal leaves both as they were
+            if self.proposer is None:
+                raise ValueError(f"{source} were sent, but this backend runs without speculation")
+            self.proposer.check_draft_weights(draft, source)
         self.engine.load_weights(policy, version)
-        if draft is not None and isinstance(part, DraftModelProposer):
-            part.model.load_weights(draft, source=f"draft weights of version {version}")
-        elif draft is not None:  # a head: checkpoint names, as it saves them
-            part.head.load_checkpoint_state(draft, head_source)
+        if draft is not None:
+            self.proposer.load_draft_weights(draft, source)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from specrl.speculation.proposer_registry import PROPOSER_NAMES
 from specrl.validation import check_fields, within
 
 
@@ -34,7 +35,7 @@ class AsyncBenchConfig:
     preset: str = "tiny"
     steps: int = within(100, "[5, inf)")
     rounds: int = within(3, "[1, inf)")
-    proposer: Literal["ngram", "suffix", "draft"] = "ngram"  # the async run's proposer
+    proposer: Literal[PROPOSER_NAMES] = "ngram"  # type: ignore[valid-type]  # the async run's proposer
     max_staleness: int = within(1, "[0, inf)")
 
     def __post_init__(self):

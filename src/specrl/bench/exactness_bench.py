@@ -27,7 +27,7 @@ from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_causal_lm
 from specrl.models.registry import resolve_checkpoint
 from specrl.sampling import SamplingParams, sampling_logprobs
-from specrl.speculation.proposer_registry import PROPOSER_NAMES
+from specrl.speculation.proposer_registry import KINDS, PROPOSER_NAMES
 from specrl.tasks.presets import preset_prompts
 from specrl.validation import check_fields, within
 
@@ -75,7 +75,7 @@ def _variants(config: ExactnessBenchConfig) -> dict[str, BackendConfig]:
     fixed = dict(common, adaptive=False, num_speculative_tokens=config.k)
     variants = {"none": BackendConfig(model=config.model, proposer="none"), "adaptive": BackendConfig(**common),
                 f"chain k={config.k}": BackendConfig(**fixed)}
-    if config.proposer in ("eagle3", "mtp"):
+    if KINDS[config.proposer].drafts_trees:
         variants[f"tree k={config.k} w=3"] = BackendConfig(**fixed, fixed_tree_width=3)
     return variants
 

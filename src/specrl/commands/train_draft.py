@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> dict:
         ("micro_batch", "micro_batch")) if getattr(args, option) is not None}
     command = shlex.join(["specrl", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("specrl", "specrl/cli.py")) else ""
     common = dict(seed=args.seed, threads=args.threads, data=data, **given)
-    if args.kind == "draft":
+    from specrl.speculation.proposer_registry import KINDS
+
+    if KINDS[args.kind].training == "draft_model":  # the kind's recipe (`ProposerKind.training`): distillation
         from specrl.training.draft_distillation import TrainDraftConfig, train_draft
 
         return train_draft(args.target, resolve_checkpoint(args.target), out, TrainDraftConfig(layers=args.layers, **common),

@@ -156,6 +156,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+# tensors a Llama-family checkpoint may leave out: a tied lm_head, qkv biases (Qwen2), q/k norms (Qwen3)
+OPTIONAL_TENSORS = ("lm_head.weight", "_proj.bias", "q_norm.weight", "k_norm.weight")
+
+
 class LlamaModel:
     """Weights plus a forward pass over a KVCache; built by `from_pretrained`."""
 
@@ -207,11 +211,11 @@ class LlamaModel:
             })
         return shapes
 
-    def load_weights(self, state: dict[str, torch.Tensor], source: str | None = None) -> None:
-        """(Re)load weights from Hugging Face tensor names. Everything is checked before anything is
-        replaced: a missing tensor, one whose shape does not fit the config, one holding NaN or infinite
-        values, or a malformed d2t is named, and the model keeps its previous weights. Errors name
-        `source` (a weight sync passes which weights these are), else the folder the model came from."""
+    def check_weights(self, state: dict[str, torch.Tensor], source: str | None = None) -> None:
+        """Raise ValueError unless `state` (Hugging Face tensor names) holds every tensor the config needs, each
+        of the right shape and finite, and a well-formed d2t where the config has a reduced output vocabulary.
+        Changes nothing. Errors name `source` (a weight sync passes which weights these are), else the folder
+        the model came from."""
         cfg, source = self.cfg, source or self.source
         check_finite(state, source)
         expected = self.expected_shapes()
@@ -219,10 +223,29 @@ class LlamaModel:
                  if name in state and tuple(state[name].shape) != shape]
         if wrong:
             raise ValueError(f"{source}: tensors do not fit config.json: {'; '.join(wrong[:3])}")
+        missing = [name for name in expected if name not in state and not name.endswith(OPTIONAL_TENSORS)]
+        if missing:
+            raise ValueError(f"{source}: checkpoint is missing tensor '{missing[0]}'")
+        head = state.get("lm_head.weight")
+        head = state["model.embed_tokens.weight"] if head is None and cfg.tie_word_embeddings else head
+        if head is None:
+            raise ValueError(f"{source}: checkpoint is missing tensor 'lm_head.weight'")
+        if cfg.draft_vocab_size:
+            if "d2t" not in state:
+                raise ValueError(f"{source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
+            check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, source)
+        elif head.shape[0] != cfg.vocab_size:
+            raise ValueError(f"{source}: lm_head has {head.shape[0]} rows but vocab_size is {cfg.vocab_size} "
+                             "(a reduced output vocabulary needs draft_vocab_size and a 'd2t' tensor)")
+
+    def load_weights(self, state: dict[str, torch.Tensor], source: str | None = None) -> None:
+        """(Re)load weights from Hugging Face tensor names. Everything is checked before anything is
+        replaced (`check_weights`): a missing tensor, one whose shape does not fit the config, one holding NaN
+        or infinite values, or a malformed d2t is named, and the model keeps its previous weights."""
+        cfg, source = self.cfg, source or self.source
+        self.check_weights(state, source)
 
         def get(name: str) -> torch.Tensor:
-            if name not in state:
-                raise ValueError(f"{source}: checkpoint is missing tensor '{name}'")
             return state[name].float()
 
         def opt(name: str) -> torch.Tensor | None:
@@ -230,17 +253,9 @@ class LlamaModel:
 
         embed = get("model.embed_tokens.weight")  # [V, H]
         head = opt("lm_head.weight")
-        head = embed if head is None and cfg.tie_word_embeddings else head
-        if head is None:
-            raise ValueError(f"{source}: checkpoint is missing tensor 'lm_head.weight'")
-        d2t = None  # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
-        if cfg.draft_vocab_size:
-            if "d2t" not in state:
-                raise ValueError(f"{source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
-            d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, source)
-        elif head.shape[0] != cfg.vocab_size:
-            raise ValueError(f"{source}: lm_head has {head.shape[0]} rows but vocab_size is {cfg.vocab_size} "
-                             "(a reduced output vocabulary needs draft_vocab_size and a 'd2t' tensor)")
+        head = embed if head is None else head
+        # [N] long: draft vocab id -> target vocab id (reduced-vocab drafts)
+        d2t = check_d2t(state["d2t"], head.shape[0], cfg.vocab_size, source) if cfg.draft_vocab_size else None
         layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."

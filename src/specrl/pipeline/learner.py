@@ -30,11 +30,10 @@ from specrl.pipeline.ray_session import RaySession
 from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.rl.advantages import group_advantages
-from specrl.rl.draft_adaptation import DraftTrainer
-from specrl.rl.head_adaptation import HeadTrainer
+from specrl.rl.adaptation import draft_trainer
 from specrl.rl.trainer import PolicyTrainer
 from specrl.speculation.acceptance import expected_tokens
-from specrl.speculation.proposer_registry import HEAD_KINDS
+from specrl.speculation.proposer_registry import KINDS
 from specrl.tasks import make_task
 from specrl.telemetry.sinks import MetricsSink, truncate_metrics
 from specrl.telemetry.spec_stats import SpecStats
@@ -91,15 +90,11 @@ class Learner:
         self.trainer_ray = RaySession(config.pipeline.ray_address) if config.run.trainer_ranks > 1 else None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.trainer = make_policy_trainer(config, policy_dir, pad)
-        self.draft = None  # DraftTrainer or HeadTrainer
+        self.draft = None  # the draft's online trainer (`rl.adaptation`), by its kind's recipe
         self.frozen_head = None  # the starting head, for comparison (loaded at the first evaluation)
         if config.draft.enabled and draft_dir is not None:
-            kind = config.backend.draft_kind
-            if kind in HEAD_KINDS:
-                self.draft = HeadTrainer(draft_dir, kind, self.trainer.model, policy_dir, config.draft,
-                                         config.rollout.sampling())
-            else:
-                self.draft = DraftTrainer(draft_dir, config.draft, config.rollout.temperature)
+            self.draft = draft_trainer(config.backend.draft_kind, draft_dir, self.trainer.model, policy_dir,
+                                       config.draft, config.rollout.sampling())
         self.task = make_task(config.task)
         self.start_step, self.start_version, self.resumed_pipeline = 0, 0, {}
         if checkpoint is not None:
@@ -135,11 +130,12 @@ class Learner:
         head and of the head this process started from (frozen: the registered head on a fresh run, the
         checkpoint's on a resume), against the current policy on `completions` (held-out rollouts), and
         the acceptance length each implies (1 + a1 + a1 a2 + ...)."""
-        if not isinstance(self.draft, HeadTrainer) or not completions:
+        kind = self.config.backend.draft_kind
+        if self.draft is None or KINDS[kind].training != "head" or not completions:
             return {}
         if self.frozen_head is None:
-            self.frozen_head = HeadTrainer(self.draft_dir, self.config.backend.draft_kind, self.trainer.model,
-                                           self.policy_dir, self.config.draft, self.config.rollout.sampling())
+            self.frozen_head = draft_trainer(kind, self.draft_dir, self.trainer.model, self.policy_dir,
+                                             self.config.draft, self.config.rollout.sampling())
         out = {}
         for name, head in (("adapted", self.draft), ("frozen", self.frozen_head)):
             per_depth = self.trainer.head_acceptance(head, [c.prompt_ids for c in completions],

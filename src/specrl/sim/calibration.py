@@ -123,12 +123,13 @@ def calibration_table() -> list[dict]:
 
 PROPOSER_DRAFTERS = {"ngram": "ngram", "suffix": "suffix", "group-suffix": "suffix", "eagle3": "eagle3",
                      "eagle": "eagle3", "mtp": "mtp"}
+DRAFT_MODEL_PROPOSERS = ("draft", "draft-model", "draft_model")  # a bench record's names for a draft model
 
 
 def _drafter_for(proposer: str, model_name: str) -> str:
     if proposer in PROPOSER_DRAFTERS:
         return PROPOSER_DRAFTERS[proposer]
-    if proposer in ("draft", "draft-model", "draft_model"):
+    if proposer in DRAFT_MODEL_PROPOSERS:
         return "draft:tiny-draft" if model_name == "tiny" else "draft:" + model_name
     if proposer.startswith("draft:"):
         return proposer

@@ -70,15 +70,15 @@ def mtp_network(target: ModelSpec) -> ModelSpec:
     )
 
 
+NETWORKS = {"eagle3": eagle3_network, "eagle": eagle_network, "mtp": mtp_network}  # drafters with a network
+HOST_ONLY = ("ngram", "suffix")  # host-side lookups
+
+
 def get_drafter(name: str, target: ModelSpec) -> Drafter:
     """Build the drafter `name` for `target` (see the module docstring for names)."""
-    if name == "eagle3":
-        return Drafter(name, eagle3_network(target))
-    if name == "eagle":
-        return Drafter(name, eagle_network(target))
-    if name == "mtp":
-        return Drafter(name, mtp_network(target))
-    if name in ("ngram", "suffix"):
+    if name in NETWORKS:
+        return Drafter(name, NETWORKS[name](target))
+    if name in HOST_ONLY:
         return Drafter(name, None, host_s_per_seq=0.0)
     if name.startswith("draft:"):
         return Drafter(name, get_model(name.split(":", 1)[1]))

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from specrl.models.checkpoint import read_config_json
 from specrl.models.kv_cache import KVCache
+from specrl.models.reduced_vocab import SHARED_KEY
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
+from specrl.speculation.plugin import ProposerKind, ProposerSetup, VLLMSetup
 from specrl.speculation.proposer import CallScopedState, Proposal, ProposalContext, sample_draft_token
 
 
@@ -37,6 +40,12 @@ class DraftModelProposer(CallScopedState):
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.cache: KVCache | None = None
+
+    def check_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.model.check_weights(state, source=source)
+
+    def load_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.model.load_weights(state, source=source)
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         # all but each prompt's last token (rows past their own prompt hold junk, overwritten later), at the first
@@ -91,3 +100,25 @@ class DraftModelProposer(CallScopedState):
             feed, read = token.unsqueeze(1), torch.zeros_like(read)
         self.synced = context.num_tokens.clone()
         return Proposal(tokens=torch.stack(tokens, 1), probs=None if context.params.greedy else torch.stack(probs, 1))
+
+
+def _build(setup: ProposerSetup) -> DraftModelProposer:
+    """The registered (or given) draft, sharing the target's embedding where it was trained to."""
+    draft = LlamaModel.from_pretrained(setup.checkpoint, fast_path=setup.target.fast_path,
+                                       shared={"model.embed_tokens.weight": setup.target.embed})
+    return DraftModelProposer(draft, setup.target.cfg.vocab_size)
+
+
+def _vllm(setup: VLLMSetup) -> dict:
+    """vLLM's draft_model method loads a full-vocabulary draft with its own weights, nothing else."""
+    raw = read_config_json(setup.checkpoint)
+    if raw.get("draft_vocab_size") or raw.get(SHARED_KEY):
+        raise ValueError(f"the draft {setup.checkpoint} has a reduced output vocabulary or shares its target's "
+                         "embedding, which vLLM's draft_model method does not load; use backend=embedded, "
+                         "or a full-vocabulary draft with its own weights")
+    return {"method": "draft_model", "model": str(setup.checkpoint),
+            "draft_sample_method": setup.draft_sample_method}
+
+
+PLUGIN = ProposerKind("draft", "a small draft model with its own KV cache", _build, checkpoint="draft",
+                      vllm=_vllm, training="draft_model")

@@ -25,6 +25,8 @@ from specrl.models.checkpoint import ModelConfig, check_d2t, load_state_dict, pa
 from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead, default_aux_layers
 from specrl.speculation.head_layer import HeadLinear, RMSNorm
+from specrl.speculation.head_proposer import HeadProposer
+from specrl.speculation.plugin import ProposerKind
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 _LAYER_NAMES = {  # our parameter name -> vLLM's midlayer.* name
@@ -152,3 +154,10 @@ class Eagle3Head(DraftHead):
         head = cls(cfg, target, aux)
         head.load_checkpoint_state(load_state_dict(Path(head_dir)), str(head_dir))
         return head
+
+
+PLUGIN = ProposerKind(
+    "eagle3", "an EAGLE-3 head on the target's low, middle and high hidden states",
+    lambda s: HeadProposer(Eagle3Head.load_checked(s.checkpoint, s.target)), checkpoint="eagle3",
+    vllm=lambda v: {"method": "eagle3", "model": str(v.checkpoint)},  # specrl saves EAGLE-3 heads in vLLM's layout
+    training="head", head=Eagle3Head)

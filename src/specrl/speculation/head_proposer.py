@@ -56,6 +56,12 @@ class HeadProposer(CallScopedState):
         self.cache: KVCache | None = None
         self.feature: torch.Tensor | None = None  # [B, H] g at each row's anchor
 
+    def check_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.head.check_checkpoint_state(state, source)
+
+    def load_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.head.load_checkpoint_state(state, source)
+
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         self.cache = self.head.new_cache(tokens.shape[0], tokens.shape[1])
         self.feature = torch.zeros(tokens.shape[0], self.head.cfg.hidden_size)

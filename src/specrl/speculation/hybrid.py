@@ -29,6 +29,7 @@ import torch
 
 from specrl.sampling import SamplingParams
 from specrl.speculation.acceptance import AcceptanceEstimate
+from specrl.speculation.plugin import ProposerKind
 from specrl.speculation.proposer import Proposal, ProposalContext, one_hot_proposal
 from specrl.speculation.suffix import SuffixProposer
 
@@ -88,6 +89,12 @@ class HybridProposer:
         self.suffix_part.load_state_dict(state.get("suffix", {}))
         self.model_part.load_state_dict(state.get("model", {}))
 
+    def check_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.model_part.check_draft_weights(state, source)
+
+    def load_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.model_part.load_draft_weights(state, source)
+
     def _score_pending(self, context: ProposalContext) -> None:
         """Compare last call's drafts with the tokens that were emitted after them."""
         if self.pending_start is None:
@@ -139,3 +146,9 @@ class HybridProposer:
             one_hot = torch.nn.functional.one_hot(suffix.tokens, model.probs.shape[-1]).to(model.probs.dtype)
             probs = torch.where(full.view(-1, 1, 1), one_hot, model.probs)
         return Proposal(tokens=tokens, probs=probs)
+
+
+PLUGIN = ProposerKind(
+    "hybrid", "per step, a model draft (hybrid_model) or the suffix draft, whichever pays more",
+    lambda s: HybridProposer(s.model_part, max_k=s.num_speculative_tokens), vllm_refusal="vLLM has no hybrid proposer",
+    wraps_model_draft=True)

@@ -31,6 +31,7 @@ from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
+from specrl.speculation.plugin import ProposerKind
 from specrl.speculation.proposer import Proposal, ProposalContext
 
 
@@ -49,6 +50,13 @@ class Int8DraftProposer(DraftModelProposer):
         self.built_from = self.target.layers
         self.rebuild_seconds = time.perf_counter() - start
         return self.model
+
+    def check_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        raise ValueError(f"{source} were sent, but the int8 self-draft has no trained weights: it is rebuilt "
+                         "from the policy's own at every weight sync")
+
+    def load_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.check_draft_weights(state, source)
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
         if self.target.layers is not self.built_from:
@@ -69,3 +77,9 @@ class Int8DraftProposer(DraftModelProposer):
         self.cache = KVCache(target.keys, target.values, target.lens.clone())
         self.synced = target.lens.clone()
         return super().propose(context, k)
+
+
+PLUGIN = ProposerKind(
+    "int8", "the policy itself with int8 weights, rebuilt at every weight sync (no training)",
+    lambda s: Int8DraftProposer(s.target), default_k=8,  # accepted ~0.97 per token: long chains pay
+    vllm_refusal="vLLM has no int8 self-draft (a quantized copy of the policy as its own draft)")

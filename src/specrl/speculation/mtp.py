@@ -28,6 +28,8 @@ from specrl.models.checkpoint import ModelConfig, load_state_dict, parse_config
 from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.head_layer import HeadLinear, RMSNorm
+from specrl.speculation.head_proposer import HeadProposer
+from specrl.speculation.plugin import ProposerKind
 
 ARCHITECTURE = "SpecrlLlamaMTP"
 _NAMES = {  # our parameter name -> DeepSeek-V3 name after the `model.layers.{L}.` prefix
@@ -108,3 +110,10 @@ class MTPHead(DraftHead):
         head.load_checkpoint_state(load_state_dict(Path(head_dir)),
                                    f"{head_dir} (an MTP head for a target with {target.cfg.num_hidden_layers} layers)")
         return head
+
+
+PLUGIN = ProposerKind(
+    "mtp", "a DeepSeek-V3-style MTP head on the target's last hidden state",
+    lambda s: HeadProposer(MTPHead.load_checked(s.checkpoint, s.target)), checkpoint="mtp",
+    # served by specrl's out-of-tree vLLM model class (backends/vllm/mtp_model.py)
+    vllm=lambda v: {"method": "mtp", "model": str(v.checkpoint)}, training="head", head=MTPHead)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specrl.speculation.plugin import ProposerKind
 from specrl.speculation.proposer import Proposal, ProposalContext, StatelessProposer, one_hot_proposal
 
 
@@ -49,3 +50,9 @@ class NgramProposer(StatelessProposer):
             found.append(lookup(row[:length], k, self.config.max_n, self.config.min_n))
             last.append(row[length - 1])
         return one_hot_proposal(found, last, k)
+
+
+PLUGIN = ProposerKind(
+    "ngram", "prompt lookup: what followed the latest match of the row's tail",
+    lambda s: NgramProposer(NgramConfig(max_n=s.ngram_max_n)),
+    vllm=lambda v: {"method": "ngram", "prompt_lookup_max": v.ngram_max_n, "prompt_lookup_min": 1})

@@ -14,6 +14,8 @@ them (`proposer_registry`) asks which kind or class a proposer is:
                    a small model) or "head" (a hidden-state head); None for drafts that are not trained
     default_k      K where a config leaves it unset
     head           a hidden-state head's class (it drafts trees, and its checkpoints load through it)
+    wraps_model_draft  it drafts with another kind's proposer, chosen per run (the hybrid's `hybrid_model`),
+                   built first and handed over as `ProposerSetup.model_part`
 
 Each family's module defines its `PLUGIN`, and the registry lists them: adding a family is one module
 plus one registry line.
@@ -62,6 +64,7 @@ class ProposerKind:
     training: Literal["draft_model", "head"] | None = None
     default_k: int = 3
     head: type[DraftHead] | None = None
+    wraps_model_draft: bool = False  # drafts with a model-draft kind's proposer (the hybrid): its checkpoint too
 
     @property
     def drafts_trees(self) -> bool:

@@ -122,8 +122,27 @@ class Proposer(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def check_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Raise ValueError naming `source` unless this proposer drafts with trained weights (a draft model's
+        or a head's, under its checkpoint's names) that `state` fits; changes nothing."""
 
-class CallScopedState:
+    def load_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Weight sync of the trained draft: replace its weights with `state` (refused as
+        `check_draft_weights` refuses, with nothing replaced)."""
+
+
+class NoTrainedWeights:
+    """The refit of a proposer that drafts with no trained weights: any sent are refused."""
+
+    def check_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        raise ValueError(f"{source} were sent, but the {self.name} proposer has no draft model or head to load "
+                         "them into")
+
+    def load_draft_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self.check_draft_weights(state, source)
+
+
+class CallScopedState(NoTrainedWeights):
     """`state_dict` / `load_state_dict` of a proposer whose state lives for one generate() call only
     (and a chain-only `max_width`); `restart` starts it afresh on the live rows, as after the prefill."""
 

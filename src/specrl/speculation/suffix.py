@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer import Proposal, ProposalContext, one_hot_proposal
+from specrl.speculation.plugin import ProposerKind
+from specrl.speculation.proposer import NoTrainedWeights, Proposal, ProposalContext, one_hot_proposal
 from specrl.validation import check_fields, within
 
 
@@ -84,7 +85,7 @@ class GroupIndex:
         return []
 
 
-class SuffixProposer:
+class SuffixProposer(NoTrainedWeights):
     max_width = 1  # chains only
     name = "suffix"
     hidden_layers: tuple[int, ...] = ()
@@ -166,3 +167,8 @@ class SuffixProposer:
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
         return one_hot_proposal(*self.lookup(context, k), k)
+
+
+PLUGIN = ProposerKind(
+    "suffix", "sibling rollouts of the same prompt (the GRPO group) and its earlier rollouts",
+    lambda s: SuffixProposer(), vllm_refusal="vLLM has no group-suffix (sibling rollout) proposer")

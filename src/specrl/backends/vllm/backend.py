@@ -72,11 +72,9 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
                          "CUDA (the `vllm` package on a GPU machine); this machine has none")
     memory = ({"gpu_memory_utilization": options.gpu_memory_utilization} if options.gpu_memory_utilization
               else {"kv_cache_memory_bytes": int(options.kv_cache_gb * 2**30)})
-    # an MTP head: vLLM applies the target's hf_overrides to the draft's config too, where it marks the head
-    overrides = {}
-    if spec is not None and spec["method"] == "mtp":
-        from specrl.backends.vllm.mtp_model import mark_mtp_draft
-        overrides = {"hf_overrides": mark_mtp_draft}
+    # vLLM applies the target's hf_overrides to a draft's config too: there it types a specrl MTP head as an
+    # MTP draft, and leaves every other config as it is
+    from specrl.backends.vllm.mtp_model import mark_mtp_draft
     return vllm.LLM(
         model=model_dir, tokenizer=model_dir, served_model_name=served_name, dtype=options.dtype,
         seed=options.seed, max_model_len=max_model_len, max_num_seqs=options.max_num_seqs, **memory,
@@ -85,7 +83,7 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
         enforce_eager=not multiprocess if options.enforce_eager is None else options.enforce_eager,
         distributed_executor_backend=None if multiprocess else "uni",
         disable_log_stats=False, logprobs_mode="processed_logprobs",
-        worker_extension_cls=refit.EXTENSION, trust_remote_code=False, **overrides,
+        worker_extension_cls=refit.EXTENSION, trust_remote_code=False, hf_overrides=mark_mtp_draft,
     )
 
 

@@ -2,7 +2,7 @@
 
 `BackendConfig` (shared with the embedded engine) says which model, proposer, draft
 and K; `VLLMOptions` says how vLLM runs them. `speculative_config` builds vLLM's dict
-from the proposer registry's `vllm_method`:
+from K and the proposer's plug-in (`ProposerKind.vllm`, in the family's module):
 
     proposer  vLLM method    keys set here
     none      (no speculation)
@@ -19,13 +19,11 @@ merged on top, so any other vLLM key passes straight through. Acceptance rules t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar, Literal
 
 from specrl.backends.base import BackendConfig
-from specrl.models.checkpoint import read_config_json
-from specrl.models.reduced_vocab import SHARED_KEY
 from specrl.models.registry import draft_checkpoint
+from specrl.speculation.plugin import VLLMSetup
 from specrl.speculation.proposer_registry import KINDS
 from specrl.validation import check_fields, within
 
@@ -92,21 +90,12 @@ def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | No
                          "verifies token by token (block verification is in vLLM's GPU model runner only); "
                          "use backend=embedded, or verification=token")
     kind = KINDS[config.proposer]
-    if kind.vllm_method is None:
+    if kind.vllm is None:
         raise ValueError(f"proposer={config.proposer} is not available with backend=vllm: {kind.vllm_refusal}; "
                          "use backend=embedded")
-    spec: dict = {"num_speculative_tokens": config.speculative_tokens, "method": kind.vllm_method}
-    if kind.vllm_method == "ngram":
-        spec.update(prompt_lookup_max=config.ngram_max_n, prompt_lookup_min=1)
-    if kind.checkpoint is not None:
-        spec["model"] = str(draft_checkpoint(config.model, config.draft_kind, config.draft))
-    if kind.vllm_method == "draft_model":
-        raw = read_config_json(Path(spec["model"]))
-        if raw.get("draft_vocab_size") or raw.get(SHARED_KEY):
-            raise ValueError(f"the draft {spec['model']} has a reduced output vocabulary or shares its target's "
-                             "embedding, which vLLM's draft_model method does not load; use backend=embedded, "
-                             "or a full-vocabulary draft with its own weights")
-        spec["draft_sample_method"] = options.draft_sample_method
+    checkpoint = draft_checkpoint(config.model, config.draft_kind, config.draft) if kind.checkpoint else None
+    spec = {"num_speculative_tokens": config.speculative_tokens,
+            **kind.vllm(VLLMSetup(checkpoint, config.ngram_max_n, options.draft_sample_method))}
     spec.update(options.speculative_overrides)
     check_lossless(spec, options.lossy_acceptance)
     return spec
