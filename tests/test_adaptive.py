@@ -1,7 +1,7 @@
 """The adaptive-K controller on synthetic step times."""
 import numpy as np
 
-from specrl.engine.adaptive import SpeculationController, StepTimeModel
+from specrl.speculation.planner import SpeculationController, StepTimeModel
 from specrl.speculation.acceptance import expected_tokens
 
 

@@ -18,7 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 from helpers import save_random_checkpoint
-from specrl.engine.adaptive import SpeculationController
+from specrl.speculation.planner import SpeculationController
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_state_dict
 from specrl.models.llama import LlamaModel

@@ -28,7 +28,7 @@ import torch
 from scipy.stats import kstest
 
 from specrl.bench.exactness_bench import exact_terms
-from specrl.engine.adaptive import SpeculationController
+from specrl.speculation.planner import SpeculationController
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_causal_lm, load_tokenizer
 from specrl.models.llama import LlamaModel

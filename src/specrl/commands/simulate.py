@@ -42,7 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "CPU; calibrate: print every predicted-vs-published row with its error")
     p.add_argument("--sweep", nargs="+", metavar="AXIS=V1,V2",
                    help="iteration-level speedup grid on one replica, e.g. --sweep k=1,2,3,5 batch=1,8,64,256")
-    p.add_argument("--k", type=int, help="drafts per iteration with speculation on (overrides the scenario)")
+    p.add_argument("--k", type=int, help="drafts per iteration with speculation on, the most the planner may "
+                   "choose (overrides the scenario)")
+    p.add_argument("--controller", choices=("planned", "fixed", "oracle"), default="planned",
+                   help="who picks K each iteration: planned = the embedded engine's planner, the controller users "
+                   "get (explores, learns acceptance from what its steps accept, never-lose rule; default); "
+                   "fixed = always --k (the seed's setting); oracle = the best K for the true acceptance and "
+                   "costs (an upper bound)")
     p.add_argument("--acceptance-length", type=float, help="aggregate acceptance length at K (overrides)")
     p.add_argument("--gpus", type=int, help="cluster size (overrides)")
     p.add_argument("--async-style", choices=("drain", "stream"), default="drain",
@@ -70,7 +76,7 @@ def _parse_sweep(items: list[str]) -> dict[str, list[int]]:
 def _scenario(args):
     from specrl.sim.scenarios import get_scenario
 
-    s = get_scenario(args.scenario)
+    s = replace(get_scenario(args.scenario), controller=args.controller)
     if args.k is not None:
         s = replace(s, k=args.k)
     if args.acceptance_length is not None:

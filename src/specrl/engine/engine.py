@@ -37,7 +37,7 @@ from typing import Literal
 
 import torch
 
-from specrl.engine.adaptive import SpeculationController
+from specrl.speculation.planner import SpeculationController
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
 from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel

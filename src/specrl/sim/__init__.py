@@ -8,7 +8,7 @@ Modules, one concept each:
   iteration    one engine iteration with / without speculation
   acceptance   per-request, per-position acceptance of chain drafts
   workload     prompts x samples with long-tailed lengths
-  speculation  fixed / adaptive K policies
+  speculation  K policies: the planner users get, fixed K, the oracle bound
   rollout      discrete-event continuous-batching rollout
   rl_loop      sync and async RL steps
   scenarios    named presets; projection runs / sweeps them

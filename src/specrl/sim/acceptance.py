@@ -103,6 +103,29 @@ def request_tokens_per_step(acc: Acceptance, means, k: int) -> np.ndarray:
     return np.interp(means, grid, values)
 
 
+def prefix_acceptance(acc: Acceptance, k: int) -> np.ndarray:
+    """[K]: P(the first j drafts all accepted), j = 1..K, per iteration of a long response with mean `acc.mean`:
+    windows weighted by the iterations spent in them (1 / tau), as a controller that counts accepted drafts per
+    step sees them. 1 + its sum is `acceptance_length`."""
+    alphas = quadrature_alphas(acc)
+    weight = 1.0 / tokens_per_step(alphas, k, acc.decay)
+    survive, out = np.ones_like(alphas), []
+    for j in range(1, k + 1):
+        survive = survive * alphas * acc.decay ** (j - 1)
+        out.append(float(np.sum(weight * survive) / np.sum(weight)))
+    return np.asarray(out)
+
+
+def request_prefix_acceptance(acc: Acceptance, means, k: int) -> np.ndarray:
+    """[R, K]: `prefix_acceptance` for requests with per-request means `means` (interpolated on a grid of m)."""
+    means = np.asarray(means, dtype=float)
+    if k == 0:
+        return np.zeros((len(means), 0))
+    grid = np.linspace(0.02, 0.98, 49)
+    table = np.stack([prefix_acceptance(replace(acc, mean=float(m)), k) for m in grid])  # [49, K]
+    return np.stack([np.interp(means, grid, table[:, j]) for j in range(k)], axis=-1)
+
+
 def fit_acceptance(lengths_by_k: dict[int, float]) -> Acceptance:
     """Least-squares fit of (mean, concentration, decay) to measured acceptance lengths at several K."""
     ks = sorted(lengths_by_k)

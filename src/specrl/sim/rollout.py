@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrl.sim.acceptance import Acceptance, request_means, request_tokens_per_step
+from specrl.sim.acceptance import Acceptance, request_means, request_prefix_acceptance, request_tokens_per_step
 from specrl.sim.iteration import Engine
 from specrl.sim.workload import Workload, sample_lengths
 
@@ -48,12 +48,13 @@ class RolloutResult:
 
 def simulate_replica(
     engine: Engine, lengths: np.ndarray, means: np.ndarray, acceptance: Acceptance, prompt_tokens: int, policy,
-    max_seqs: int, max_segment: int = 256,
+    max_seqs: int,
 ) -> RolloutResult:
     """Run one replica until all its requests finish.
 
     lengths: [R] response tokens per request; means: [R] per-request mean acceptance m_r;
-    acceptance: local heterogeneity and decay; policy: has choose(engine, batch, kv_tokens) -> K.
+    acceptance: local heterogeneity and decay; policy: a `sim.speculation` policy (choose(engine, batch,
+    kv_tokens) -> K; observe(batch, K, seconds per iteration, accepted rows per position); max_segment).
     """
     order = np.arange(len(lengths))
     queue = list(order[max_seqs:])
@@ -61,17 +62,21 @@ def simulate_replica(
     rem = lengths[live].astype(float)
     kv = np.full(len(live), float(prompt_tokens))
     t = engine.prefill_time(len(live) * prompt_tokens)
-    iterations, traj, tau_cache = 0, [], {}
+    iterations, traj, tau_cache, prefix_cache = 0, [], {}, {}
     while len(live):
         batch = len(live)
         k = policy.choose(engine, batch, float(kv.sum()))
         if k not in tau_cache:
             tau_cache[k] = request_tokens_per_step(acceptance, means, k)
+            prefix_cache[k] = request_prefix_acceptance(acceptance, means, k)  # [R, k]
         tau = tau_cache[k][live]
-        n = int(min(max(np.ceil(np.min(rem / tau)), 1), max_segment))
+        n = int(min(max(np.ceil(np.min(rem / tau)), 1), policy.max_segment))
         steps = np.arange(n, dtype=float)
-        traj.append((t, batch, k))
-        t += float(np.sum(engine.iteration_time(batch, k, kv.sum() + steps * tau.sum())))
+        if not traj or traj[-1][1:] != (batch, k):
+            traj.append((t, batch, k))
+        seconds = float(np.sum(engine.iteration_time(batch, k, kv.sum() + steps * tau.sum())))
+        policy.observe(batch, k, seconds / n, prefix_cache[k][live].sum(axis=0))
+        t += seconds
         iterations += n
         emitted = np.minimum(n * tau, rem)
         rem -= emitted
@@ -113,6 +118,19 @@ def simulate_rollout(
     return RolloutResult(slowest.time_s, mean_tokens * replicas, slowest.iterations, slowest.trajectory)
 
 
+def settled_choice(policy, engine: Engine, batch: int, kv_tokens: float, accepted_rows, iterations: int = 96) -> int:
+    """The K a policy settles on at a fixed batch: it decides and observes `iterations` iterations (a planner
+    explores, then prices what it learned), and the K it chose most in the last third is returned.
+    `accepted_rows(k)`: the rows accepting drafts 0..j per position, as one iteration shows them."""
+    chosen = []
+    for _ in range(iterations):
+        k = policy.choose(engine, batch, kv_tokens)
+        policy.observe(batch, k, float(engine.iteration_time(batch, k, np.float64(kv_tokens))), accepted_rows(k))
+        chosen.append(k)
+    last = chosen[-(iterations // 3):]
+    return max(set(last), key=last.count)
+
+
 def steady_state_rollout(
     engine: Engine, workload: Workload, replicas: int, acceptance: Acceptance | None, policy,
     max_seqs: int = 256, samples: int = 200_000, seed: int = 0,
@@ -129,9 +147,10 @@ def steady_state_rollout(
     kv_per_seq = workload.prompt_tokens + float(np.mean(lengths**2) / (2.0 * np.mean(lengths)))
     batch = min(max_seqs, int(np.ceil(workload.requests / replicas)))
     kv = batch * kv_per_seq
-    k = policy.choose(engine, batch, kv)
     acc = acceptance or Acceptance(0.5)
-    tau = float(np.mean(request_tokens_per_step(acc, request_means(acc, 4096, rng), k)))
+    means = request_means(acc, 4096, rng)
+    k = settled_choice(policy, engine, batch, kv, lambda k: batch * request_prefix_acceptance(acc, means, k).mean(0))
+    tau = float(np.mean(request_tokens_per_step(acc, means, k)))
     rate = batch * tau / float(engine.iteration_time(batch, k, kv))
     tokens = workload.requests * float(np.mean(lengths))
     time_s = tokens / (replicas * rate)

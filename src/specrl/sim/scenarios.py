@@ -18,6 +18,7 @@ vLLM H100 K-sweep; only its mean is set from each scenario's acceptance length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 from functools import lru_cache
 
 from specrl.sim import published
@@ -27,7 +28,7 @@ from specrl.sim.drafters import get_drafter
 from specrl.sim.hardware import get_device
 from specrl.sim.models import get_model
 from specrl.sim.rl_loop import RLSetup
-from specrl.sim.speculation import FixedK
+from specrl.sim.speculation import FixedK, OracleK, PlannedK
 from specrl.sim.workload import LengthDistribution, Workload
 
 
@@ -41,8 +42,11 @@ def acceptance_shape() -> Acceptance:
 class Scenario:
     """A named projection: cluster, model, workload, drafter and how the step is run.
 
-    mode: "sync" or "async". k: drafts per iteration with speculation on.
+    mode: "sync" or "async". k: drafts per iteration with speculation on (the most, for the planner).
     acceptance_length: aggregate acceptance length at K (sets the acceptance mean).
+    controller: who picks K each iteration: "planned", the embedded engine's planner users get (K up to k,
+    0 where it does not pay); "fixed", always k (the seed's setting); "oracle", the best K for the true
+    acceptance and costs (an upper bound, not a controller anyone runs).
     """
 
     name: str
@@ -59,6 +63,7 @@ class Scenario:
     max_seqs: int = 256
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    controller: Literal["planned", "fixed", "oracle"] = "planned"
 
     def acceptance(self) -> Acceptance:
         return with_length(acceptance_shape(), self.k, self.acceptance_length)
@@ -70,9 +75,18 @@ class Scenario:
         return RLSetup(
             device=get_device(self.device), gpus=self.gpus, model=model, layout=self.layout,
             workload=self.workload, acceptance=acceptance or self.acceptance(),
-            policy=policy or FixedK(k), drafter=get_drafter(self.drafter, model) if k else None,
+            policy=policy or self.policy(k, acceptance or self.acceptance()),
+            drafter=get_drafter(self.drafter, model) if k else None,
             train_mfu=self.train_mfu, max_seqs=self.max_seqs,
         )
+
+    def policy(self, k: int, acceptance: Acceptance):
+        """A fresh speculation policy of this scenario's `controller` with up to `k` drafts (0: off)."""
+        if k == 0 or self.controller == "fixed":
+            return FixedK(k)
+        if self.controller == "oracle":
+            return OracleK(acceptance, candidates=tuple(range(k + 1)))
+        return PlannedK(k)
 
     def with_changes(self, **changes) -> "Scenario":
         return replace(self, **changes)

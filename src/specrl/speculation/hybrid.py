@@ -29,6 +29,7 @@ import torch
 
 from specrl.sampling import SamplingParams
 from specrl.speculation.acceptance import AcceptanceEstimate
+from specrl.speculation.planner import best_option
 from specrl.speculation.plugin import ProposerKind
 from specrl.speculation.proposer import Proposal, ProposalContext, one_hot_proposal
 from specrl.speculation.suffix import SuffixProposer
@@ -119,9 +120,9 @@ class HybridProposer:
         """"model" or "suffix": the larger expected tokens per second (the model until its cost is known)."""
         if self.cost["model"] is None or verify_seconds is None or self.since_model >= self.explore_every:
             return "model"
-        rate = {part: (1.0 + self.estimates[part].expected(k)) / (verify_seconds + self.cost[part])
-                for part in ("model", "suffix")}
-        return "model" if rate["model"] >= rate["suffix"] else "suffix"
+        parts = ("model", "suffix")
+        return parts[best_option([1.0 + self.estimates[part].expected(k) for part in parts],
+                                 [verify_seconds + self.cost[part] for part in parts])]
 
     def propose(self, context: ProposalContext, k: int) -> Proposal:
         self._score_pending(context)

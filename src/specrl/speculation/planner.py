@@ -1,6 +1,14 @@
-"""Adaptive speculation: choose K (0 = plain decoding), and chain or tree, for each step of the live batch.
+"""The planner: the one place that prices speculation options and picks the one that pays most.
 
-The choice maximises expected tokens per second:
+`best_option` is the rule every choice goes through: the most expected tokens per second, and plain
+decoding unless the best beats it by `min_gain` (the never-lose rule). Its users price their own options:
+    the engine      `SpeculationController.choose_step`: K (0 = plain decoding) and chain or tree width,
+                    for each step of the live batch (below);
+    the hybrid      `HybridProposer.choose`: which draft source (its model part or the suffix draft) at k;
+    the simulator   `sim.speculation.PlannedK`: this controller, fed the simulated step times and the
+                    acceptance the simulated steps show it.
+
+The engine's choice maximises expected tokens per second:
 
     rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted)
 
@@ -60,6 +68,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrl.speculation.acceptance import AcceptanceEstimate, expected_tokens
+
+
+def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
+    """The index of the option with the most expected tokens per second (`tokens[i] / seconds[i]`; the first on a
+    tie). With `plain` (the index of plain decoding): that option unless the best rate beats its rate by
+    `min_gain`, so a speculative option is taken only where it is predicted to pay."""
+    rate = np.asarray(tokens, dtype=float) / np.maximum(np.asarray(seconds, dtype=float), 1e-9)
+    best = int(rate.argmax())
+    if plain is not None and rate[best] < min_gain * rate[plain]:
+        return plain
+    return best
 
 
 def step_features(batch: int, k: int, width: int = 1) -> np.ndarray:
@@ -190,12 +209,10 @@ class SpeculationController:
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             self.refreshing = True
             return min(self.max_k, self.refresh_k), 1
-        seconds = np.maximum(self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x), 1e-9)
-        rate = np.array([self.expected(*o) for o in allowed]) / seconds
-        best = int(rate.argmax())  # allowed[0] is (0, 1), plain decoding
-        if rate[best] < self.min_gain * rate[0]:
-            return 0, 1
-        self.refresh_wait = self.refresh_every
+        seconds = self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)
+        best = best_option([self.expected(*o) for o in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
+        if best:
+            self.refresh_wait = self.refresh_every
         return allowed[best]
 
     def _priced_options(self, batch: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
