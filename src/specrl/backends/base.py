@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
 import torch
 
 from specrl.engine.engine import EngineConfig
 from specrl.generation import GenerateResult
+from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import (ModelDraftChoice, ProposerChoice, default_speculative_tokens,
                                                    draft_kind)
@@ -49,6 +51,27 @@ class BackendConfig(EngineConfig):
     def draft_kind(self) -> str | None:
         """The checkpoint kind this config's proposer loads (draft | eagle3 | mtp), or None."""
         return draft_kind(self.proposer, self.hybrid_model)
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    """A run's models, resolved once and passed down: the policy's folder, and the folder of the draft its
+    proposer loads (None where it loads none: n-gram, suffix, the int8 self-draft), each with where it came
+    from. Backends load these folders; none resolves a name again."""
+
+    policy: Path
+    draft: Path | None = None
+    policy_source: str = ""  # e.g. "backend.model=smollm2-135m", "checkpoint step_000010"
+    draft_source: str = ""
+
+
+def resolve_models(config: BackendConfig) -> ModelSet:
+    """The folders `config.model` and its proposer's draft (`config.draft`, else the model's registered draft of
+    the kind the proposer loads) name, checked to exist."""
+    draft = draft_checkpoint(config.model, config.draft_kind, config.draft)
+    draft_source = "" if draft is None else \
+        f"backend.draft={config.draft}" if config.draft else f"the registered {config.draft_kind} of {config.model}"
+    return ModelSet(resolve_checkpoint(config.model), draft, f"backend.model={config.model}", draft_source)
 
 
 class Backend(Protocol):

@@ -5,12 +5,11 @@ from collections.abc import Callable
 
 import torch
 
-from specrl.backends.base import BackendConfig
+from specrl.backends.base import BackendConfig, ModelSet
 from specrl.engine.engine import RolloutEngine
 from specrl.generation import GenerateResult
 from specrl.models.checkpoint import load_tokenizer
 from specrl.models.llama import LlamaModel
-from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import build_proposer
 
@@ -18,14 +17,12 @@ from specrl.speculation.proposer_registry import build_proposer
 class EmbeddedBackend:
     name = "embedded"
 
-    def __init__(self, config: BackendConfig):
+    def __init__(self, config: BackendConfig, models: ModelSet):
         self.config = config
-        target_dir = resolve_checkpoint(config.model)
-        self.tokenizer = load_tokenizer(target_dir)
-        model = LlamaModel.from_pretrained(target_dir, fast_path=config.compile)
-        self.proposer = build_proposer(config.proposer, model,
-                                       draft_checkpoint(config.model, config.draft_kind, config.draft),
-                                       config.speculative_tokens, config.ngram_max_n, config.hybrid_model)
+        self.tokenizer = load_tokenizer(models.policy)
+        model = LlamaModel.from_pretrained(models.policy, fast_path=config.compile)
+        self.proposer = build_proposer(config.proposer, model, models.draft, config.speculative_tokens,
+                                       config.ngram_max_n, config.hybrid_model)
         self.engine = RolloutEngine(model, self.tokenizer, self.proposer, config)  # a BackendConfig is an EngineConfig
 
     @property

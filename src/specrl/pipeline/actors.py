@@ -25,7 +25,6 @@ as a failure handed back.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import ray
 import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from specrl.backends import make_backend
+from specrl.backends import ModelSet, make_backend
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.groups import Group, score_groups
 from specrl.pipeline.weights import VersionedWeights, adopt
@@ -69,15 +68,15 @@ class RolloutResult:
 class RolloutWorker:
     """One rollout actor's state: a backend, the task and its sampling settings.
 
-    `version` is the version of the weights in `policy_dir` (0, or a resumed checkpoint's), and
+    `version` is the version of the weights in `models.policy` (0, or a resumed checkpoint's), and
     `proposer_state` the proposer memory a resumed run saved for this actor."""
 
-    def __init__(self, config: TrainConfig, policy_dir: str, draft_dir: str | None, threads: int, board,
+    def __init__(self, config: TrainConfig, models: ModelSet, threads: int, board,
                  version: int = 0, proposer_state: dict | None = None):
         sys.stdout = sys.stderr  # the driver's stdout ends with its one JSON line; Ray forwards ours there
         torch.set_num_threads(threads)
         self.config, self.board = config, board
-        self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir), config.vllm)
+        self.backend = make_backend(config.backend, config.vllm, models)
         self.backend.version = version
         self.backend.load_proposer_state(proposer_state or {})
         self.snapshot = self.backend.proposer_state()

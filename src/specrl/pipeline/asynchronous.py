@@ -71,8 +71,8 @@ class AsyncTrainer(Learner):
     """A `Learner` fed by Ray rollout actors through a staleness-bounded buffer."""
 
     def __init__(self, config: TrainConfig, resume: bool = False):
-        checkpoint, policy_dir, draft_dir = starting_point(config, resume)
-        super().__init__(config, checkpoint, policy_dir, draft_dir)
+        checkpoint, models = starting_point(config, resume)
+        super().__init__(config, checkpoint, models)
         spec, saved = config.pipeline, self.resumed_pipeline
         self.P = config.rollout.prompts_per_step
         self.R = spec.prompts_per_request or self.P
@@ -87,7 +87,7 @@ class AsyncTrainer(Learner):
         self.board = WeightBoardActor.remote(VersionedWeights(self.start_version))
         states = saved.get("proposer") or [{}]
         make_actor = RolloutActor.options(num_cpus=spec.actor_threads).remote
-        self.pool = RolloutPool(lambda slot: make_actor(config, policy_dir, draft_dir, spec.actor_threads, self.board,
+        self.pool = RolloutPool(lambda slot: make_actor(config, models, spec.actor_threads, self.board,
                                                         self.start_version, states[slot % len(states)]),
                                 spec.num_actors, spec.requests_per_actor)
         self.reissued = 0

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from specrl.atomic import write_text_atomically
+from specrl.backends import ModelSet, resolve_models
 from specrl.device import resolve_device
 from specrl.models.checkpoint import check_finite, load_tokenizer
-from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.pipeline.config import TrainConfig, config_to_dict
 from specrl.pipeline.groups import Group
 from specrl.pipeline.ray_session import RaySession
@@ -53,8 +53,9 @@ def sampling_seed(run_seed: int, step: int) -> int:
     return run_seed * 1_000_003 + step
 
 
-def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str, str | None]:
-    """(checkpoint to resume or None, policy dir, draft dir or None): the registered models or the checkpoint's.
+def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, ModelSet]:
+    """(checkpoint to resume or None, the run's models): the configured (or registered) models, or the checkpoint's
+    policy and adapted draft. The one place a run's model set is decided; everything after is handed it.
 
     Checks the run folder first, before any model or engine is loaded: a fresh run may not drop an
     earlier run's checkpoints unless run.overwrite is set, and a resume needs a checkpoint."""
@@ -67,23 +68,23 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, str,
         raise ValueError(f"{run_dir} already holds a run's checkpoints: continue it with --resume "
                          f"{run_dir}, pick another run.run_dir, or set run.overwrite=true to replace it")
     checkpoint = checkpoint if resume else None
-    backend = config.backend
-    kind = backend.draft_kind  # draft | eagle3 | mtp | None
-    draft = draft_checkpoint(backend.model, kind, backend.draft)
-    registered_draft = str(draft) if draft else None
+    configured = resolve_models(config.backend)
     if checkpoint is None:
-        return None, str(resolve_checkpoint(config.backend.model)), registered_draft
-    saved_draft = checkpoint / "draft"
-    return checkpoint, str(checkpoint / "policy"), str(saved_draft) if saved_draft.is_dir() else registered_draft
+        return None, configured
+    saved = checkpoint / "draft"
+    draft, draft_source = (saved, f"checkpoint {checkpoint.name}") if saved.is_dir() else \
+        (configured.draft, configured.draft_source)
+    return checkpoint, ModelSet(checkpoint / "policy", draft, f"checkpoint {checkpoint.name}", draft_source)
 
 
 class Learner:
     """Policy (+ draft) trainers, task, run folder and telemetry of one run."""
 
-    def __init__(self, config: TrainConfig, checkpoint: Path | None, policy_dir: str, draft_dir: str | None,
-                 tokenizer=None):
+    def __init__(self, config: TrainConfig, checkpoint: Path | None, models: ModelSet, tokenizer=None):
         self.config = config
         self.run_dir = Path(config.run.run_dir)
+        self.models = models
+        policy_dir, draft_dir = str(models.policy), str(models.draft) if models.draft else None
         self.policy_dir, self.draft_dir = policy_dir, draft_dir
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
         # several trainer ranks are Ray actors: join the pipeline's Ray (or start one on this machine)

@@ -11,8 +11,6 @@ exactly as the uninterrupted run would have. The training half is the `Learner`
 """
 from __future__ import annotations
 
-import dataclasses
-
 from specrl.backends import make_backend
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.evaluation import check_held_out, evaluate
@@ -27,11 +25,11 @@ class SyncTrainer(Learner):
     """A `Learner` fed by one in-process backend, one step after another."""
 
     def __init__(self, config: TrainConfig, resume: bool = False):
-        checkpoint, policy_dir, draft_dir = starting_point(config, resume)
-        self.backend = make_backend(dataclasses.replace(config.backend, model=policy_dir, draft=draft_dir), config.vllm)
+        checkpoint, models = starting_point(config, resume)
+        self.backend = make_backend(config.backend, config.vllm, models)
         # colocated vLLM on a GPU: the engine sleeps while the trainer steps (vllm.sleep_mode)
         self.sleeps = config.backend.backend == "vllm" and config.vllm.sleep_mode
-        super().__init__(config, checkpoint, policy_dir, draft_dir, tokenizer=self.backend.tokenizer)
+        super().__init__(config, checkpoint, models, tokenizer=self.backend.tokenizer)
         if checkpoint is not None:
             policy, draft = self.weights()
             self.backend.sync_weights(policy, version=self.start_version, draft=draft)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specrl.backends.base import BackendConfig
+from specrl.backends.base import BackendConfig, ModelSet, resolve_models
 from specrl.models.checkpoint import load_tokenizer
 from specrl.backends.vllm import metrics, refit
 from specrl.backends.vllm.convert import to_completions, to_vllm_sampling
@@ -27,7 +27,6 @@ from specrl.backends import vllm_plugin
 from specrl.backends.vllm_plugin import plugin_is_registered
 from specrl.generation import GenerateResult, encode_prompts
 from specrl.sampling import SamplingParams
-from specrl.models.registry import resolve_checkpoint
 from specrl.telemetry.spec_stats import SpecStats
 
 
@@ -90,17 +89,18 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, config: BackendConfig, options: VLLMOptions | None = None):
+    def __init__(self, config: BackendConfig, options: VLLMOptions | None = None, models: ModelSet | None = None):
         self.config = config
         self.options = options or VLLMOptions()
-        self.model_dir = resolve_checkpoint(config.model)
+        models = models or resolve_models(config)
+        self.model_dir = models.policy
         self.tokenizer = load_tokenizer(self.model_dir)
         self.vocab_size = json.loads((self.model_dir / "config.json").read_text())["vocab_size"]
-        self.spec_config = speculative_config(config, self.options)
+        self.spec_config = speculative_config(config, self.options, models)
         require_sampling_fix(self.spec_config)
         self.policy_shapes = refit.checkpoint_shapes(self.model_dir)
         self.draft_shapes = None
-        if self.spec_config and config.draft_kind is not None:  # a draft model or head checkpoint: refittable
+        if self.spec_config and models.draft is not None:  # a draft model or head checkpoint: refittable
             self.draft_shapes = refit.checkpoint_shapes(self.spec_config["model"])
         self.served_name = f"specrl-vllm-{os.getpid()}-{id(self):x}"
         self.llm = start_engine(str(self.model_dir), self.options, self.spec_config, self.served_name,

@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from specrl.backends.base import BackendConfig
-from specrl.models.registry import draft_checkpoint
+from specrl.backends.base import BackendConfig, ModelSet, resolve_models
 from specrl.speculation.plugin import VLLMSetup
 from specrl.speculation.proposer_registry import KINDS
 from specrl.validation import check_fields, within
@@ -81,8 +80,9 @@ def check_lossless(spec: dict, lossy_acceptance: bool) -> None:
                          "(lossy acceptance); set VLLMOptions(lossy_acceptance=True) to allow it")
 
 
-def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | None:
-    """vLLM's `speculative_config` for this backend, or None for no speculation (proposer none or K = 0)."""
+def speculative_config(config: BackendConfig, options: VLLMOptions, models: ModelSet | None = None) -> dict | None:
+    """vLLM's `speculative_config` for this backend, or None for no speculation (proposer none or K = 0);
+    `models`: the run's resolved models (None: resolve `config`'s here)."""
     if config.proposer == "none" or config.speculative_tokens == 0:
         return None
     if config.verification == "block":
@@ -93,9 +93,9 @@ def speculative_config(config: BackendConfig, options: VLLMOptions) -> dict | No
     if kind.vllm is None:
         raise ValueError(f"proposer={config.proposer} is not available with backend=vllm: {kind.vllm_refusal}; "
                          "use backend=embedded")
-    checkpoint = draft_checkpoint(config.model, config.draft_kind, config.draft) if kind.checkpoint else None
+    draft = (models or resolve_models(config)).draft
     spec = {"num_speculative_tokens": config.speculative_tokens,
-            **kind.vllm(VLLMSetup(checkpoint, config.ngram_max_n, options.draft_sample_method))}
+            **kind.vllm(VLLMSetup(draft, config.ngram_max_n, options.draft_sample_method))}
     spec.update(options.speculative_overrides)
     check_lossless(spec, options.lossy_acceptance)
     return spec
