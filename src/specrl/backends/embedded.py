@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from specrl.backends.base import BackendConfig, ModelSet
+from specrl.backends.base import BackendConfig, ModelSet, resolve_models
 from specrl.engine.engine import RolloutEngine
 from specrl.generation import GenerateResult
 from specrl.models.checkpoint import load_tokenizer
@@ -17,8 +17,9 @@ from specrl.speculation.proposer_registry import build_proposer
 class EmbeddedBackend:
     name = "embedded"
 
-    def __init__(self, config: BackendConfig, models: ModelSet):
+    def __init__(self, config: BackendConfig, models: ModelSet | None = None):
         self.config = config
+        models = models or resolve_models(config)
         self.tokenizer = load_tokenizer(models.policy)
         model = LlamaModel.from_pretrained(models.policy, fast_path=config.compile)
         self.proposer = build_proposer(config.proposer, model, models.draft, config.speculative_tokens,

@@ -61,7 +61,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--micro-batch", type=int, default=None, help=f"sequences per optimiser step (default {t.micro_batch})")
     q.add_argument("--seed", type=int, default=t.seed, help=f"random seed (default {t.seed})")
     q.add_argument("--threads", type=int, default=t.threads, help=f"torch CPU threads (default {t.threads})")
+    q.add_argument("--work-dir", type=Path, default=None,
+                   help="keep the run resumable in this folder: the target's rollouts, appended batch by batch, and "
+                        "the training state (weights, optimiser, data position, RNG), saved every "
+                        "--save-every-minutes; continue a killed or chunked run with --resume DIR")
+    q.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                   help="continue the run whose --work-dir is DIR, with the settings it was started with: the "
+                        "rollouts sampled so far are loaded, training goes on bit for bit from its last save")
+    q.add_argument("--sitting-minutes", type=float, default=40.0,
+                   help="with --work-dir: stop training after this long, state saved, and say how to resume; a "
+                        "longer recipe runs as chunks (default 40)")
+    q.add_argument("--save-every-minutes", type=float, default=3.0,
+                   help="with --work-dir: how often the training state is saved (default 3)")
     q.set_defaults(func=run)
+
+
+# flags a resumed run takes from its work folder's command.json (the rest, and the sitting's, from the command line)
+SESSION_FLAGS = ("resume", "work_dir", "sitting_minutes", "save_every_minutes", "func")
+PATH_FLAGS = ("out", "rollouts")
+
+
+def resumable(args: argparse.Namespace):
+    """The run's `Work` folder (or None), after --resume restored the settings the run was started with;
+    a fresh --work-dir records them (and refuses a folder that already holds a run)."""
+    import json
+
+    from specrl.atomic import write_text_atomically
+    from specrl.training.loop import Work
+
+    if args.resume is not None:
+        recorded = args.resume / "command.json"
+        if not recorded.is_file():
+            raise ValueError(f"--resume {args.resume}: not a train-draft work folder (no command.json)")
+        for key, value in json.loads(recorded.read_text()).items():
+            setattr(args, key, Path(value) if key in PATH_FLAGS and value is not None else value)
+        args.work_dir = args.resume
+    elif args.work_dir is not None:
+        if (args.work_dir / "command.json").is_file():
+            raise ValueError(f"--work-dir {args.work_dir} already holds a run: continue it with --resume "
+                             f"{args.work_dir}, or pick another folder")
+        settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
+                    if key not in SESSION_FLAGS}
+        write_text_atomically(args.work_dir / "command.json", json.dumps(settings, indent=2))
+    if args.work_dir is None:
+        return None
+    return Work(args.work_dir, every_seconds=60 * args.save_every_minutes, sitting_seconds=60 * args.sitting_minutes)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -70,6 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     from specrl.models.registry import BUILTIN, builtin_path, draft_for, resolve_checkpoint
     from specrl.training.rollout_data import RolloutDataConfig
 
+    work = resumable(args)
     name = draft_for(args.target, args.kind)
     if args.out is not None:
         out = args.out
@@ -85,6 +130,8 @@ def run(args: argparse.Namespace) -> dict:
         ("draft_vocab", "draft_vocab"), ("train_seconds", "train_seconds"), ("steps", "steps"), ("lr", "lr"),
         ("micro_batch", "micro_batch")) if getattr(args, option) is not None}
     command = shlex.join(["specrl", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("specrl", "specrl/cli.py")) else ""
+    if work is not None:  # the saved draft's specrl_train.json records every sitting's command, in order
+        command = "; ".join(work.record_sitting(command))
     common = dict(seed=args.seed, threads=args.threads, data=data, **given)
     from specrl.speculation.proposer_registry import KINDS
 
@@ -92,8 +139,8 @@ def run(args: argparse.Namespace) -> dict:
         from specrl.training.draft_distillation import TrainDraftConfig, train_draft
 
         return train_draft(args.target, resolve_checkpoint(args.target), out, TrainDraftConfig(layers=args.layers, **common),
-                           args.rollouts, command)
+                           args.rollouts, command, work)
     from specrl.training.head_training import TrainHeadConfig, train_head
 
     return train_head(args.target, resolve_checkpoint(args.target), out,
-                      TrainHeadConfig(kind=args.kind, depth=args.depth, **common), args.rollouts, command)
+                      TrainHeadConfig(kind=args.kind, depth=args.depth, **common), args.rollouts, command, work)

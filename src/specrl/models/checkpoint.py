@@ -211,3 +211,21 @@ def save_atomically(out: Path, write: Callable[[Path], object], record: dict) ->
         replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], list]:
+    """torch's optimizer state dict -> (flat tensors "index.slot", param groups) for safetensors."""
+    tensors = {}
+    for index, slots in state["state"].items():
+        for name, value in slots.items():
+            tensors[f"{index}.{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return tensors, state["param_groups"]
+
+
+def optimizer_state(tensors: dict[str, torch.Tensor], groups: list) -> dict:
+    """The inverse of `optimizer_tensors`: torch's optimizer state dict, for `load_state_dict`."""
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": groups}

@@ -23,23 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specrl.atomic import recover_folder, replace_folder
-
-
-def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], list]:
-    """torch's optimizer state dict -> (flat tensors "index.slot", param groups) for safetensors."""
-    tensors = {}
-    for index, slots in state["state"].items():
-        for name, value in slots.items():
-            tensors[f"{index}.{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    return tensors, state["param_groups"]
-
-
-def _optimizer_state(tensors: dict[str, torch.Tensor], groups: list) -> dict:
-    state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    return {"state": state, "param_groups": groups}
+from specrl.models.checkpoint import optimizer_state, optimizer_tensors
 
 
 def save_checkpoint(run_dir: Path, step: int, version: int, save_policy, optimizer_state: dict,
@@ -55,13 +39,13 @@ def save_checkpoint(run_dir: Path, step: int, version: int, save_policy, optimiz
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_policy(tmp / "policy")
-    tensors, groups = _optimizer_tensors(optimizer_state)
+    tensors, groups = optimizer_tensors(optimizer_state)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     state = {"step": step, "version": version, "param_groups": groups, "python_rng": _python_rng(),
              "pipeline": pipeline or {}}
     if save_draft is not None:
         save_draft(tmp / "draft")
-        draft_tensors, draft_groups = _optimizer_tensors(draft_optimizer_state)
+        draft_tensors, draft_groups = optimizer_tensors(draft_optimizer_state)
         save_file(draft_tensors, str(tmp / "draft_optimizer.safetensors"))
         state["draft_param_groups"] = draft_groups
     save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
@@ -96,12 +80,12 @@ def restore_training_state(checkpoint: Path, with_draft: bool = False) -> tuple[
     dict, the draft optimizer's when `with_draft`, else None) for the trainers to load."""
     checkpoint = Path(checkpoint)
     state = read_state(checkpoint)
-    optimizer = _optimizer_state(load_file(str(checkpoint / "optimizer.safetensors")), state["param_groups"])
+    optimizer = optimizer_state(load_file(str(checkpoint / "optimizer.safetensors")), state["param_groups"])
     draft_optimizer = None
     if with_draft:
         if not (checkpoint / "draft_optimizer.safetensors").is_file():
             raise ValueError(f"{checkpoint}: the run trains a draft but the checkpoint has no draft optimizer")
-        draft_optimizer = _optimizer_state(load_file(str(checkpoint / "draft_optimizer.safetensors")),
+        draft_optimizer = optimizer_state(load_file(str(checkpoint / "draft_optimizer.safetensors")),
                                            state["draft_param_groups"])
     torch.set_rng_state(load_file(str(checkpoint / "rng.safetensors"))["torch"])
     version, internal, gauss = state["python_rng"]

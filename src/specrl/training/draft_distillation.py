@@ -28,7 +28,7 @@ from specrl.models.checkpoint import load_causal_lm, save_atomically
 from specrl.models.reduced_vocab import build_draft, save_draft
 from specrl.rl.sequences import train_batch
 from specrl.speculation.draft_losses import soft_cross_entropy
-from specrl.training.loop import fit, shuffled_batches
+from specrl.training.loop import FitResult, Saving, Work, fit, indexed, shuffled_batches
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
 from specrl.validation import check_fields, within
 
@@ -116,8 +116,9 @@ def _metrics(draft, samples: Rollouts, full_p: list[torch.Tensor], d2t: torch.Te
     return {k: v / max(positions, 1) for k, v in tot.items()}
 
 
-def _distil(draft, samples: Rollouts, d2t: torch.Tensor, t2d: torch.Tensor, config: TrainDraftConfig) -> tuple[float, int]:
-    """Soft cross-entropy training; returns (mean loss of the last 20 steps, steps taken)."""
+def _distil(draft, samples: Rollouts, d2t: torch.Tensor, t2d: torch.Tensor, config: TrainDraftConfig,
+            saving: Saving | None = None) -> FitResult:
+    """Soft cross-entropy training (resumed from and saved to `saving`, when given)."""
     for p in draft.model.embed_tokens.parameters():
         p.requires_grad_(False)
 
@@ -126,30 +127,35 @@ def _distil(draft, samples: Rollouts, d2t: torch.Tensor, t2d: torch.Tensor, conf
         return soft_cross_entropy(_draft_logq(draft, samples, idx), p).mean()
 
     draft.train()
-    batches = shuffled_batches(len(samples), config.micro_batch, config.seed + 7,
-                               lengths=[len(ids) for ids in samples.ids])
-    result = fit([p for p in draft.parameters() if p.requires_grad], lambda step: loss_of(next(batches)),
-                 config.steps, config.lr, 10, "distil draft", seconds=config.train_seconds)
+    batch_at = indexed(shuffled_batches(len(samples), config.micro_batch, config.seed + 7,
+                                        lengths=[len(ids) for ids in samples.ids]))
+    result = fit([p for p in draft.parameters() if p.requires_grad], lambda step: loss_of(batch_at(step)),
+                 config.steps, config.lr, 10, "distil draft", seconds=config.train_seconds, saving=saving)
     draft.eval()
     return result
 
 
 def train_draft(target_name: str, target_path: Path, out: Path, config: TrainDraftConfig,
-                rollouts_dir: Path | None = None, command: str = "") -> dict:
+                rollouts_dir: Path | None = None, command: str = "", work: Work | None = None) -> dict:
     """Sample (or load) the target's rollouts, choose the vocabulary, distil, evaluate, and save the draft
-    to `out` (atomically; fp16, without the embedding it shares with the target)."""
+    to `out` (atomically; fp16, without the embedding it shares with the target). With `work`, the rollouts
+    and the training state are kept in its folder and resumed from it; a sitting that ends before the
+    budget returns {"finished": False, ...} and saves no draft."""
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     t0 = time.perf_counter()
     try:
         torch.manual_seed(config.seed)
-        samples = sample_target(target_name, target_path, config.data, config.seed, rollouts_dir)
+        samples = sample_target(target_name, target_path, config.data, config.seed,
+                                rollouts_dir or (work.rollouts if work else None))
         full_p = full_distributions(samples.target, samples.held)
         n = min(config.draft_vocab, samples.target.cfg.vocab_size)
         d2t, t2d = draft_vocabulary(samples.soft_counts, n)
         draft = build_draft(load_causal_lm(target_path).eval(), config.layers, d2t)
         before = _metrics(draft, samples.held, full_p, d2t, t2d, config.micro_batch)
-        train_loss, train_steps = _distil(draft, samples.train, d2t, t2d, config)
+        result = _distil(draft, samples.train, d2t, t2d, config, work.saving(draft) if work else None)
+        if not result.finished:
+            return work.unfinished(result)
         after = _metrics(draft, samples.held, full_p, d2t, t2d, config.micro_batch)
     finally:
         torch.set_num_threads(threads)
@@ -162,10 +168,10 @@ def train_draft(target_name: str, target_path: Path, out: Path, config: TrainDra
         "loss_before": round(before["loss"], 4), "loss_after": round(after["loss"], 4),
         "top1_before": round(before["top1"], 4), "top1_after": round(after["top1"], 4),
         "acceptance_before": round(before["acceptance"], 4), "acceptance_after": round(after["acceptance"], 4),
-        "train_loss_final": round(train_loss, 4), "train_steps": train_steps,
+        "train_loss_final": round(result.loss, 4), "train_steps": result.steps,
         "sample_seconds": round(samples.sample_seconds, 1), "seconds": round(time.perf_counter() - t0, 1),
     }
     save_atomically(Path(out), lambda tmp: (save_draft(draft, tmp, dtype=torch.float16, share_embeddings=True),
                                             samples.tokenizer.save_pretrained(tmp)),
                     {"command": command, "config": asdict(config), "summary": summary})
-    return {**summary, "out": str(Path(out).resolve())}
+    return {**summary, "finished": True, "out": str(Path(out).resolve())}

@@ -27,7 +27,7 @@ from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.draft_losses import soft_cross_entropy
 from specrl.speculation.proposer_registry import HEAD_KINDS
-from specrl.training.loop import fit, shuffled_batches
+from specrl.training.loop import FitResult, Saving, Work, fit, indexed, shuffled_batches
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
 from specrl.validation import check_fields, within
 
@@ -140,8 +140,9 @@ def evaluate(head: DraftHead, held: Rollouts, full_p: list[torch.Tensor], config
     return {"per_depth": per_depth, "tau_est": round(tau, 3)}
 
 
-def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config: TrainHeadConfig) -> tuple[float, int]:
-    """Soft cross-entropy over chain depths; returns (mean loss of the last 20 steps, steps taken)."""
+def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config: TrainHeadConfig,
+          saving: Saving | None = None) -> FitResult:
+    """Soft cross-entropy over chain depths (resumed from and saved to `saving`, when given)."""
     weights = [config.depth_decay ** j for j in range(config.depth)]
 
     def loss_of(idx: list[int]) -> torch.Tensor:
@@ -150,10 +151,10 @@ def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config:
         return sum(w * soft_cross_entropy(logq, p).mean() for w, logq, p in terms) / sum(w for w, _, _ in terms)
 
     head.train()
-    batches = shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7,
-                               lengths=[len(ids) for ids in rollouts.ids])
-    result = fit([p for p in head.parameters() if p.requires_grad], lambda step: loss_of(next(batches)),
-                 config.steps, config.lr, 10, f"train {head.kind}", seconds=config.train_seconds)
+    batch_at = indexed(shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7,
+                                        lengths=[len(ids) for ids in rollouts.ids]))
+    result = fit([p for p in head.parameters() if p.requires_grad], lambda step: loss_of(batch_at(step)),
+                 config.steps, config.lr, 10, f"train {head.kind}", seconds=config.train_seconds, saving=saving)
     head.eval()
     return result
 
@@ -168,20 +169,25 @@ def new_head(kind: str, target: LlamaModel, soft_counts: torch.Tensor, draft_voc
 
 
 def train_head(target_name: str, target_dir, out, config: TrainHeadConfig, rollouts_dir: Path | None = None,
-               command: str = "") -> dict:
+               command: str = "", work: Work | None = None) -> dict:
     """Sample (or load) the target's rollouts, build and train the head, evaluate it held-out, save it to
-    `out` (weights in fp16: a draft's precision never touches exactness)."""
+    `out` (weights in fp16: a draft's precision never touches exactness). With `work`, the rollouts and the
+    training state are kept in its folder and resumed from it; a sitting that ends before the budget
+    returns {"finished": False, ...} and saves no head."""
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     t0 = time.perf_counter()
     try:
         torch.manual_seed(config.seed)
-        samples = sample_target(target_name, target_dir, config.data, config.seed, rollouts_dir)
+        samples = sample_target(target_name, target_dir, config.data, config.seed,
+                                rollouts_dir or (work.rollouts if work else None))
         head = new_head(config.kind, samples.target, samples.soft_counts, config.draft_vocab)
         t2d = None if head.d2t is None else draft_vocabulary(samples.soft_counts, len(head.d2t))[1]
         full_p = full_distributions(samples.target, samples.held)
         before = evaluate(head, samples.held, full_p, config)
-        train_loss, steps = train(head, samples.train, t2d, config)
+        result = train(head, samples.train, t2d, config, work.saving(head) if work else None)
+        if not result.finished:
+            return work.unfinished(result)
         after = evaluate(head, samples.held, full_p, config)
     finally:
         torch.set_num_threads(threads)
@@ -189,9 +195,9 @@ def train_head(target_name: str, target_dir, out, config: TrainHeadConfig, rollo
         "target": str(target_dir), "kind": config.kind, "draft_vocab": head.output_vocab_size,
         "train_rollouts": len(samples.train), "train_tokens": samples.train.tokens,
         "held_out_tokens": samples.held.tokens, "before": before, "after": after,
-        "train_loss_final": round(train_loss, 4), "train_steps": steps,
+        "train_loss_final": round(result.loss, 4), "train_steps": result.steps,
         "sample_seconds": round(samples.sample_seconds, 1), "seconds": round(time.perf_counter() - t0, 1),
     }
     save_atomically(out, lambda tmp: (head.save(tmp, dtype=torch.float16), samples.tokenizer.save_pretrained(tmp)),
                     {"command": command, "config": asdict(config), "summary": summary})
-    return {**summary, "out": str(out)}
+    return {**summary, "finished": True, "out": str(out)}

@@ -75,10 +75,10 @@ def _max_new_tokens(task: arithmetic.ArithmeticConfig) -> int:
 def _optimise(model: PreTrainedModel, steps: int, config: PretrainConfig, loss_fn, desc: str) -> float:
     """`steps` steps of the shared loop on `loss_fn(step)`; returns the mean loss of the last 50 steps."""
     model.train()
-    loss, _ = fit(list(model.parameters()), loss_fn, steps, config.lr, config.warmup, desc, weight_decay=0.01,
-                  window=50)
+    result = fit(list(model.parameters()), loss_fn, steps, config.lr, config.warmup, desc, weight_decay=0.01,
+                 window=50)
     model.eval()
-    return loss
+    return result.loss
 
 
 def _new_model(shape: TinyShape, seed: int) -> LlamaForCausalLM:

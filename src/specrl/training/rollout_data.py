@@ -10,10 +10,15 @@ next-token distribution p = softmax(lm_head(final normed state)) is kept as its 
 One collection serves every kind: it records EAGLE-3's three feature layers and the final
 state (MTP and p read that one). `save` / `load` keep it on disk (safetensors + JSON, no
 pickle), so a long collection trains a draft model and a head alike (`--rollouts DIR`).
+A collection into a folder appends each generate call's rollouts to it as they come (`*.partial/
+batch_NNNNN`, swapped in whole), and a collection started again in the same folder loads the batches
+already there instead of sampling them: a killed collection resumes where it stopped.
 """
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from specrl.atomic import recover_folder, replace_folder, write_text_atomically
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_tokenizer
 from specrl.models.llama import LlamaModel
@@ -70,6 +76,10 @@ class Rollouts:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def extend(self, other: "Rollouts") -> None:
+        for name in ("ids", "prompt_lens", "features", "top_p", "top_ids"):
+            getattr(self, name).extend(getattr(other, name))
+
     @property
     def tokens(self) -> int:
         """Response tokens."""
@@ -101,36 +111,69 @@ class Rollouts:
                    list(t["top_ids"].split(responses))), record
 
 
+def _save_batch(folder: Path, rollouts: Rollouts, soft: torch.Tensor) -> None:
+    """One call's rollouts and soft counts, swapped into `folder` whole (a kill leaves the batch or nothing)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        rollouts.save(tmp, {"soft_counts": soft.tolist()})
+        replace_folder(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_batch(folder: Path) -> tuple[Rollouts, torch.Tensor] | None:
+    recover_folder(folder)
+    if not (folder / "rollouts.json").is_file():
+        return None
+    rollouts, record = Rollouts.load(folder)
+    return rollouts, torch.tensor(record["soft_counts"], dtype=torch.float64)
+
+
 @torch.inference_mode()
 def collect_rollouts(target: LlamaModel, tokenizer, prompts: list[str], layers: tuple[int, ...],
-                     data: RolloutDataConfig, seed: int, seconds: float | None, desc: str) -> tuple[Rollouts, torch.Tensor]:
-    """Sample one rollout per prompt, batch by batch; returns the rollouts and soft counts [V] of p."""
+                     data: RolloutDataConfig, seed: int, seconds: float | None, desc: str,
+                     batches_dir: Path | None = None) -> tuple[Rollouts, torch.Tensor]:
+    """Sample one rollout per prompt, batch by batch; returns the rollouts and soft counts [V] of p. With
+    `batches_dir`, each batch is saved there as it is made, and batches already there are loaded, not sampled."""
     recorder = HiddenStateRecorder(tuple(sorted(set(layers) | {-1})))
     engine = RolloutEngine(target, tokenizer, recorder, EngineConfig(num_speculative_tokens=0))
     out = Rollouts([], [], [], [], [])
     soft = torch.zeros(target.cfg.vocab_size, dtype=torch.float64)
-    start = time.perf_counter()
+    start, sampled = time.perf_counter(), 0
     batches = range(0, len(prompts), data.sample_batch)
     bar = tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True)
     for b, s in enumerate(batches):
+        saved = _load_batch(batches_dir / f"batch_{b:05d}") if batches_dir is not None else None
+        if saved is not None:
+            out.extend(saved[0])
+            soft += saved[1]
+            bar.update(1)
+            continue
         chunk = prompts[s:s + data.sample_batch]
         result = engine.generate(chunk, SamplingParams(temperature=1.0, max_tokens=data.max_new_tokens, seed=seed + b))
+        batch, batch_soft = Rollouts([], [], [], [], []), torch.zeros_like(soft)
         for slot, completion in enumerate(result.completions):
             ids = torch.tensor(completion.prompt_ids + completion.token_ids)
             feats = recorder.features(slot, len(ids) - 1)
             L = len(completion.prompt_ids)
             p = torch.softmax(target.lm_head(feats[-1][L - 1:].float()), dim=-1)  # [R, V]
-            soft += p.sum(0, dtype=torch.float64)
+            batch_soft += p.sum(0, dtype=torch.float64)
             values, indices = p.topk(min(data.top_k, p.shape[-1]), dim=-1)
-            out.ids.append(ids)
-            out.prompt_lens.append(L)
-            out.features.append(feats)
-            out.top_p.append(values.half())
-            out.top_ids.append(indices.int())
+            batch.ids.append(ids)
+            batch.prompt_lens.append(L)
+            batch.features.append(feats)
+            batch.top_p.append(values.half())
+            batch.top_ids.append(indices.int())
+        if batches_dir is not None:
+            _save_batch(batches_dir / f"batch_{b:05d}", batch, batch_soft)
+        out.extend(batch)
+        soft += batch_soft
+        sampled += 1
         bar.update(1)
         bar.set_postfix(tokens=out.tokens)
-        elapsed = time.perf_counter() - start
-        if seconds is not None and elapsed * (b + 2) / (b + 1) > seconds:  # the next batch would overrun
+        elapsed = time.perf_counter() - start  # this sitting's sampling (batches loaded from disk are free)
+        if seconds is not None and elapsed * (sampled + 1) / sampled > seconds:  # the next batch would overrun
             break
     bar.close()
     return out, soft
@@ -180,14 +223,27 @@ def sample_target(target_name: str, target_dir: Path, data: RolloutDataConfig, s
         soft = torch.tensor(train_record["soft_counts"], dtype=torch.float64)
         return TargetSamples(target, tokenizer, held, train, soft, 0.0)
     layers = tuple(sorted(set(engine_layers(default_aux_layers(target.cfg.num_hidden_layers))) | {-1}))
+    partial = None
+    if rollouts_dir is not None:  # batches land in *.partial as they are sampled; a restart loads them
+        partial = Path(rollouts_dir)
+        started = partial / "partial.json"
+        if started.is_file() and json.loads(started.read_text()) != record:
+            raise ValueError(f"{rollouts_dir} holds a partial collection with other settings "
+                             f"({started.read_text()}); pick another folder or the same settings")
+        write_text_atomically(started, json.dumps(record))
     start = time.perf_counter()
     held, _ = collect_rollouts(target, tokenizer, preset_prompts(target_name, tokenizer, data.held_out_prompts,
                                                                  seed + 1000),
-                               layers, data, seed + 1000, None, "sample held-out")
+                               layers, data, seed + 1000, None, "sample held-out",
+                               partial / "held.partial" if partial else None)
     train, soft = collect_rollouts(target, tokenizer, preset_prompts(target_name, tokenizer, data.prompts, seed),
-                                   layers, data, seed, data.sample_seconds, "sample rollouts")
+                                   layers, data, seed, data.sample_seconds, "sample rollouts",
+                                   partial / "train.partial" if partial else None)
     seconds = time.perf_counter() - start
-    if rollouts_dir is not None:
-        held.save(Path(rollouts_dir) / "held", record)
-        train.save(Path(rollouts_dir) / "train", {**record, "soft_counts": soft.tolist(), "seconds": seconds})
+    if partial is not None:
+        held.save(partial / "held", record)
+        train.save(partial / "train", {**record, "soft_counts": soft.tolist(), "seconds": seconds})
+        shutil.rmtree(partial / "held.partial", ignore_errors=True)  # the whole collection is saved
+        shutil.rmtree(partial / "train.partial", ignore_errors=True)
+        (partial / "partial.json").unlink(missing_ok=True)
     return TargetSamples(target, tokenizer, held, train, soft, seconds)
