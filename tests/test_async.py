@@ -22,6 +22,7 @@ import pytest
 import ray
 import torch
 
+from specrl.backends import ModelSet
 from specrl.pipeline.asynchronous import AsyncTrainer
 from specrl.pipeline.config import load_config
 from specrl.pipeline.sync import SyncTrainer
@@ -194,7 +195,7 @@ def test_a_request_starts_on_the_newest_weights_on_the_board(tmp_path, local_ray
 
     config = small_config(tmp_path)
     board = WeightBoardActor.remote(VersionedWeights(0))
-    worker = RolloutWorker(config, str(resolve_checkpoint("tiny")), None, 1, board)
+    worker = RolloutWorker(config, ModelSet(resolve_checkpoint("tiny")), 1, board)
     first = worker.generate(RolloutRequest(0, 0, 2, seed=1))
     assert {v for g in first.groups for c in g.completions for v in c.versions} == {0}
     policy = sync_state_dict(load_causal_lm(resolve_checkpoint("tiny")))
@@ -216,7 +217,7 @@ def test_a_running_request_adopts_an_offered_version_between_engine_steps(tmp_pa
 
     config = small_config(tmp_path, "pipeline.mode=async", "pipeline.weight_updates=step", "rollout.max_tokens=16")
     board = WeightBoardActor.remote(VersionedWeights(0))
-    worker = RolloutWorker(config, str(resolve_checkpoint("tiny")), None, 1, board)
+    worker = RolloutWorker(config, ModelSet(resolve_checkpoint("tiny")), 1, board)
     worker.offer(publish(1, sync_state_dict(load_causal_lm(resolve_checkpoint("tiny"))), None))
     result = worker.generate(RolloutRequest(0, 0, 2, seed=1))  # the board still says 0: it starts on version 0
     assert result.weight_updates == 1 and result.seconds["weight_load"] > 0
