@@ -42,3 +42,18 @@ def test_masked_positions_do_not_count():
     q[0, 1] = torch.randn(5)
     only_first = mean_agreement(agreement(p, q, torch.tensor([[1.0, 0.0]])))
     assert math.isclose(only_first["acceptance"], 1.0, rel_tol=1e-6)
+
+
+def test_rejection_is_one_minus_acceptance_and_training_on_it_raises_acceptance():
+    from specrl.speculation.draft_losses import rejection
+
+    gen = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(4, 10, generator=gen), -1)
+    logits = torch.randn(4, 10, generator=gen, requires_grad=True)
+    before = rejection(torch.log_softmax(logits, -1), p)
+    assert torch.allclose(before, 1 - torch.minimum(p, torch.softmax(logits, -1)).sum(-1))
+    assert torch.allclose(rejection(p.log(), p), torch.zeros(4), atol=1e-6)  # q = p: nothing is rejected
+    before.sum().backward()
+    with torch.no_grad():
+        after = rejection(torch.log_softmax(logits - 0.5 * logits.grad, -1), p)
+    assert (after < before).all()

@@ -11,6 +11,9 @@ The draft may have a reduced output vocabulary: its N logits score the target id
 - acceptance: sum_x min(p(x), q(x)), the probability that speculative sampling
   accepts one draft token drawn from q (Leviathan et al. 2023). Uses p unrenormalised.
 - top1: how often argmax q (mapped to target ids) equals argmax p.
+- rejection: 1 - sum_x min(p~(x), q(x)) = TV(p~, q), the probability that one draft token is rejected
+  (against p~). Acceptance is 1 - TV, so this is the loss that targets it directly; its gradient
+  reaches only the ids where q exceeds p~ (pushing them down) and, through the softmax, the rest.
 """
 from __future__ import annotations
 
@@ -28,6 +31,12 @@ def soft_cross_entropy(logq: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """-sum_x p~(x) log q(x) per row, p~ = p [.., N] renormalised (p may hold only the mass on
     q's support, or only its top entries); logq [.., N] -> [..]."""
     return -(p / p.sum(-1, keepdim=True).clamp_min(1e-12) * logq).sum(-1)
+
+
+def rejection(logq: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """TV(p~, q) = 1 - sum_x min(p~(x), q(x)) per row, p~ = p [.., N] renormalised; logq [.., N] -> [..]."""
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+    return 1.0 - torch.minimum(p, logq.exp()).sum(-1)
 
 
 def distill_loss(

@@ -25,7 +25,7 @@ import torch
 from specrl.models.checkpoint import save_atomically
 from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
-from specrl.speculation.draft_losses import soft_cross_entropy
+from specrl.speculation.draft_losses import rejection, soft_cross_entropy
 from specrl.speculation.proposer_registry import HEAD_KINDS
 from specrl.training.loop import FitResult, Saving, Work, fit, indexed, shuffled_batches
 from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
@@ -44,6 +44,10 @@ class TrainHeadConfig:
     train_seconds: training stops after this many seconds, even if steps remain.
     lr: peak AdamW learning rate (warm-up over 10 steps, cosine to lr / 10).
     micro_batch: sequences per optimiser step.
+    loss: "ce", soft cross-entropy against the target's top-k p; "ce+tv", that plus the rejection
+        probability TV(p, q) = 1 - sum min(p, q) (acceptance is 1 - TV), weighted per step so that both
+        terms weigh alike (lambda = CE / TV, detached): the cross-entropy pulls q's whole shape towards p,
+        the TV term the mass acceptance counts.
     seed: seeds prompts, sampling and data order.
     threads: torch CPU threads.
     data: how the target's rollouts are sampled.
@@ -57,6 +61,7 @@ class TrainHeadConfig:
     train_seconds: float = within(240.0, "(0, inf)")
     lr: float = within(1e-3, "(0, inf)")
     micro_batch: int = within(8, "[1, inf)")
+    loss: Literal["ce", "ce+tv"] = "ce"
     seed: int = 0
     threads: int = within(1, "[1, inf)")
     data: RolloutDataConfig = field(default_factory=RolloutDataConfig)
@@ -145,10 +150,17 @@ def train(head: DraftHead, rollouts: Rollouts, t2d: torch.Tensor | None, config:
     """Soft cross-entropy over chain depths (resumed from and saved to `saving`, when given)."""
     weights = [config.depth_decay ** j for j in range(config.depth)]
 
+    def depth_loss(logq: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        ce = soft_cross_entropy(logq, p).mean()
+        if config.loss == "ce":
+            return ce
+        tv = rejection(logq, p).mean()
+        return ce + (ce.detach() / tv.detach().clamp_min(1e-6)) * tv
+
     def loss_of(idx: list[int]) -> torch.Tensor:
         terms = [(w, logq, p) for w, (logq, p, _) in zip(weights, _chain_terms(head, rollouts, idx, config, t2d))
                  if len(p)]  # depth 1 always has rows
-        return sum(w * soft_cross_entropy(logq, p).mean() for w, logq, p in terms) / sum(w for w, _, _ in terms)
+        return sum(w * depth_loss(logq, p) for w, logq, p in terms) / sum(w for w, _, _ in terms)
 
     head.train()
     batch_at = indexed(shuffled_batches(len(rollouts.ids), config.micro_batch, config.seed + 7,
