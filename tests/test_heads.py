@@ -200,3 +200,24 @@ def test_training_on_the_targets_rollouts_raises_held_out_acceptance(tmp_path, k
     assert summary["after"]["tau_est"] > 1.6
     head = load_head(tmp_path / kind, LlamaModel.from_pretrained(resolve_checkpoint("tiny")), kind)
     assert head.kind == kind
+
+
+def test_a_head_trained_from_a_saved_one_starts_where_it_left_off_and_keeps_its_vocabulary(tmp_path):
+    """`--init`: the head starts as the shipped tiny EAGLE-3 head (its held-out acceptance before training is the
+    shipped head's, far above a fresh head's), keeps its output vocabulary (tiny's whole 22 ids: the d2t of a
+    reduced one is kept as it is), and its TV-balanced loss trains."""
+    from specrl.models.registry import resolve_checkpoint
+    from specrl.training.head_training import TrainHeadConfig, train_head
+    from specrl.training.rollout_data import RolloutDataConfig
+
+    data = RolloutDataConfig(prompts=8, sample_batch=4, max_new_tokens=12, held_out_prompts=8)
+    shipped = load_head(resolve_checkpoint("tiny-eagle3"), LlamaModel.from_pretrained(resolve_checkpoint("tiny")))
+    common = dict(kind="eagle3", steps=4, threads=1, data=data, loss="ce+tv")
+    warm = train_head("tiny", resolve_checkpoint("tiny"), tmp_path / "warm",
+                      TrainHeadConfig(init=str(resolve_checkpoint("tiny-eagle3")), **common))
+    fresh = train_head("tiny", resolve_checkpoint("tiny"), tmp_path / "fresh", TrainHeadConfig(**common))
+    assert warm["before"]["per_depth"][0]["acceptance"] > fresh["before"]["per_depth"][0]["acceptance"] + 0.3
+    assert warm["draft_vocab"] == shipped.output_vocab_size and warm["train_steps"] == 4
+    saved = load_head(tmp_path / "warm", LlamaModel.from_pretrained(resolve_checkpoint("tiny")), "eagle3")
+    assert saved.output_vocab_size == shipped.output_vocab_size
+    assert (saved.d2t is None and shipped.d2t is None) or torch.equal(saved.d2t, shipped.d2t)

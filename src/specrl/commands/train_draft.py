@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"held-out rollouts (default {d.held_out_prompts})")
     q.add_argument("--top-k", type=int, default=d.top_k, help=f"target probabilities kept per position (default {d.top_k})")
     q.add_argument("--depth", type=int, default=h.depth, help=f"heads: chain elements trained per anchor (default {h.depth})")
+    q.add_argument("--init", default=None, metavar="HEAD",
+                   help="heads: start from this saved head (a registered name or a folder; its vocabulary is kept) "
+                        "instead of a fresh one")
     q.add_argument("--loss", choices=("ce", "ce+tv"), default=h.loss,
                    help="heads: soft cross-entropy against the target's p, or that plus the rejection probability "
                         f"TV(p, q) = 1 - sum min(p, q), balanced per step (default {h.loss})")
@@ -146,5 +149,6 @@ def run(args: argparse.Namespace) -> dict:
     from specrl.training.head_training import TrainHeadConfig, train_head
 
     return train_head(args.target, resolve_checkpoint(args.target), out,
-                      TrainHeadConfig(kind=args.kind, depth=args.depth, loss=args.loss, **common), args.rollouts, command,
-                      work)
+                      TrainHeadConfig(kind=args.kind, depth=args.depth, loss=args.loss,
+                                      init=str(resolve_checkpoint(args.init)) if args.init else None, **common),
+                      args.rollouts, command, work)

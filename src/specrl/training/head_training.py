@@ -26,9 +26,10 @@ from specrl.models.checkpoint import save_atomically
 from specrl.models.llama import LlamaModel
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.draft_losses import rejection, soft_cross_entropy
-from specrl.speculation.proposer_registry import HEAD_KINDS
+from specrl.speculation.proposer_registry import HEAD_KINDS, load_head
 from specrl.training.loop import FitResult, Saving, Work, fit, indexed, shuffled_batches
-from specrl.training.rollout_data import RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions, sample_target
+from specrl.training.rollout_data import (RolloutDataConfig, Rollouts, draft_vocabulary, full_distributions,
+                                         sample_target, target_to_draft)
 from specrl.validation import check_fields, within
 
 
@@ -48,6 +49,7 @@ class TrainHeadConfig:
         probability TV(p, q) = 1 - sum min(p, q) (acceptance is 1 - TV), weighted per step so that both
         terms weigh alike (lambda = CE / TV, detached): the cross-entropy pulls q's whole shape towards p,
         the TV term the mass acceptance counts.
+    init: a saved head of this kind to start from (its vocabulary kept), else a fresh one from the target.
     seed: seeds prompts, sampling and data order.
     threads: torch CPU threads.
     data: how the target's rollouts are sampled.
@@ -62,6 +64,7 @@ class TrainHeadConfig:
     lr: float = within(1e-3, "(0, inf)")
     micro_batch: int = within(8, "[1, inf)")
     loss: Literal["ce", "ce+tv"] = "ce"
+    init: str | None = None
     seed: int = 0
     threads: int = within(1, "[1, inf)")
     data: RolloutDataConfig = field(default_factory=RolloutDataConfig)
@@ -193,8 +196,9 @@ def train_head(target_name: str, target_dir, out, config: TrainHeadConfig, rollo
         torch.manual_seed(config.seed)
         samples = sample_target(target_name, target_dir, config.data, config.seed,
                                 rollouts_dir or (work.rollouts if work else None))
-        head = new_head(config.kind, samples.target, samples.soft_counts, config.draft_vocab)
-        t2d = None if head.d2t is None else draft_vocabulary(samples.soft_counts, len(head.d2t))[1]
+        head = load_head(config.init, samples.target, config.kind) if config.init else \
+            new_head(config.kind, samples.target, samples.soft_counts, config.draft_vocab)
+        t2d = None if head.d2t is None else target_to_draft(head.d2t, samples.target.cfg.vocab_size)
         full_p = full_distributions(samples.target, samples.held)
         before = evaluate(head, samples.held, full_p, config)
         result = train(head, samples.train, t2d, config, work.saving(head) if work else None)

@@ -183,9 +183,14 @@ def draft_vocabulary(soft_counts: torch.Tensor, size: int) -> tuple[torch.Tensor
     """A reduced draft vocabulary: the `size` target ids with the largest expected count sum_t p_t(x)
     (they cover the most probability mass), ascending -> (d2t [size], t2d [V]: -1 outside)."""
     d2t = torch.sort(torch.topk(soft_counts, size).indices).values
-    t2d = torch.full((soft_counts.numel(),), -1, dtype=torch.long)
-    t2d[d2t] = torch.arange(size)
-    return d2t, t2d
+    return d2t, target_to_draft(d2t, soft_counts.numel())
+
+
+def target_to_draft(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] long: each target id's draft id, -1 outside the draft's vocabulary `d2t`."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[d2t] = torch.arange(len(d2t))
+    return t2d
 
 
 def full_distributions(target: LlamaModel, rollouts: Rollouts) -> list[torch.Tensor]:
