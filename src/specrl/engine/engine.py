@@ -37,12 +37,12 @@ from typing import ClassVar, Literal
 
 import torch
 
-from specrl.speculation.planner import SpeculationController
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
 from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.block_verify import block_verify
+from specrl.speculation.planner import SpeculationController
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
 from specrl.speculation.proposer_registry import default_speculative_tokens
 from specrl.speculation.tree import TreeShape, verify_tree

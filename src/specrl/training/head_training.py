@@ -15,6 +15,7 @@ What it does, in order (seeded; CPU threads set on purpose):
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -214,6 +215,10 @@ def train_head(target_name: str, target_dir, out, config: TrainHeadConfig, rollo
         "train_loss_final": round(result.loss, 4), "train_steps": result.steps,
         "sample_seconds": round(samples.sample_seconds, 1), "seconds": round(time.perf_counter() - t0, 1),
     }
+    record = {"command": command, "config": asdict(config), "summary": summary}
+    started_from = Path(config.init or "") / "specrl_train.json"
+    if config.init and started_from.is_file():  # the head it continued: how that one was trained, in turn
+        record["init_record"] = json.loads(started_from.read_text())
     save_atomically(out, lambda tmp: (head.save(tmp, dtype=torch.float16), samples.tokenizer.save_pretrained(tmp)),
-                    {"command": command, "config": asdict(config), "summary": summary})
+                    record)
     return {**summary, "finished": True, "out": str(out)}
