@@ -24,7 +24,6 @@ from specrl.sim.iteration import Engine
 from specrl.sim.models import get_model
 from specrl.sim.rl_loop import sync_step
 from specrl.sim.scenarios import get_scenario
-from specrl.sim.speculation import FixedK
 
 # Assumed mean cached tokens per sequence during decode in the published serving benchmarks:
 # prompt plus half the answer. GSM8K: ~100-token questions, ~200-token answers -> 256.
