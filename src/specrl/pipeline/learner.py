@@ -84,8 +84,7 @@ class Learner:
         self.config = config
         self.run_dir = Path(config.run.run_dir)
         self.models = models
-        policy_dir, draft_dir = str(models.policy), str(models.draft) if models.draft else None
-        self.policy_dir, self.draft_dir = policy_dir, draft_dir
+        policy_dir, draft_dir = self.policy_dir, self.draft_dir
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
         # several trainer ranks are Ray actors: join the pipeline's Ray (or start one on this machine)
         self.trainer_ray = RaySession(config.pipeline.ray_address) if config.run.trainer_ranks > 1 else None
@@ -118,6 +117,14 @@ class Learner:
         self.token_staleness_total: Counter[int] = Counter()  # trained tokens by their own staleness
         self.skipped_total: Counter[str] = Counter()  # optimiser steps skipped for a non-finite loss or gradient
         self.history: list[dict] = []
+
+    @property
+    def policy_dir(self) -> str:
+        return str(self.models.policy)
+
+    @property
+    def draft_dir(self) -> str | None:
+        return str(self.models.draft) if self.models.draft else None
 
     def _claim_run_dir(self) -> None:
         """Start a fresh run folder (`starting_point` has checked that replacing its checkpoints is allowed)."""
