@@ -23,9 +23,8 @@ import ray
 import torch
 
 from specrl.backends import ModelSet
-from specrl.pipeline.asynchronous import AsyncTrainer
 from specrl.pipeline.config import load_config
-from specrl.pipeline.sync import SyncTrainer
+from specrl.pipeline.loop import Pipeline
 
 # fixed K: adaptive K reads wall-clock time, which would make the sampled tokens vary from run to run
 pytestmark = pytest.mark.ray
@@ -54,12 +53,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def assert_within_bound(trainer: AsyncTrainer, bound: int) -> None:
+def assert_within_bound(pipeline: Pipeline, bound: int) -> None:
     """Every trained group, and every token in it, is at most `bound` versions behind its step's trainer."""
-    assert len(trainer.buffer.consumed) == trainer.config.run.steps * trainer.P
-    for used in trainer.buffer.consumed:
+    assert len(pipeline.buffer.consumed) == pipeline.config.run.steps * pipeline.P
+    for used in pipeline.buffer.consumed:
         assert 0 <= used.staleness <= bound, used
-    for record in trainer.history:
+    for record in pipeline.history:
         assert all(int(age) <= bound for age in record["staleness_histogram"])
         assert all(0 <= int(age) <= bound for age in record["token_staleness_histogram"])
         assert sum(record["token_staleness_histogram"].values()) == record["rollout_tokens"]
@@ -70,9 +69,9 @@ def test_max_staleness_zero_is_the_sync_loop_step_for_step(tmp_path, local_ray, 
     # requests of one whole step (prompts_per_request = P) with the step's seed, generated on exactly
     # the weights the sync loop would sync: the same samples, rewards and losses
     steps = ["run.steps=3"]
-    sync = SyncTrainer(small_config(tmp_path / "sync", *steps))
+    sync = Pipeline(small_config(tmp_path / "sync", *steps))
     sync.run()
-    run = AsyncTrainer(small_config(tmp_path / "async", *steps, "pipeline.mode=async", "pipeline.max_staleness=0"))
+    run = Pipeline(small_config(tmp_path / "async", *steps, "pipeline.mode=async", "pipeline.max_staleness=0"))
     summary = run.run()
     assert [r["reward_mean"] for r in run.history] == [r["reward_mean"] for r in sync.history]
     assert [r["train"]["loss"] for r in run.history] == [r["train"]["loss"] for r in sync.history]
@@ -86,47 +85,61 @@ def test_max_staleness_zero_is_the_sync_loop_step_for_step(tmp_path, local_ray, 
 def test_staleness_never_exceeds_the_bound_with_two_actors(tmp_path, local_ray):
     config = small_config(tmp_path, "run.steps=4", "pipeline.mode=async", "pipeline.max_staleness=1",
                           "pipeline.num_actors=2", "pipeline.prompts_per_request=2")
-    trainer = AsyncTrainer(config)
-    summary = trainer.run()
-    assert_within_bound(trainer, 1)
+    pipeline = Pipeline(config)
+    summary = pipeline.run()
+    assert_within_bound(pipeline, 1)
     # The first window (2 steps of groups) is requested at version 0, but an actor that starts a
     # request after the trainer published version 1 generates it with version 1: how many groups
     # arrive stale is a race between actors and trainer, so only the bound is asserted, and every
     # trained group is accounted to a staleness in 0..1.
-    assert sum(summary["staleness_histogram"].values()) == len(trainer.buffer.consumed)
+    assert sum(summary["staleness_histogram"].values()) == len(pipeline.buffer.consumed)
     assert set(summary["staleness_histogram"]) <= {"0", "1"}, summary["staleness_histogram"]
-    stale_steps = [r for r in trainer.history if r["staleness_histogram"].get("1")]
+    stale_steps = [r for r in pipeline.history if r["staleness_histogram"].get("1")]
     assert all(0 < r["train"]["is_weight"] for r in stale_steps)
     with open(tmp_path / "metrics.jsonl") as f:
         record = json.loads(f.readline())
     assert {"pipeline_fill", "training", "weight_sync"} <= set(record["timing"])
-    assert {"generation", "weight_load", "reward"} <= set(record["actors"])
+    assert {"generation", "weight_load", "reward"} <= set(record["rollout_seconds"])
+
+
+@pytest.mark.slow
+def test_an_async_run_evaluates_held_out_pass_at_1_on_the_newest_weights(tmp_path, local_ray):
+    """eval.every in async: the evaluation queues on an actor, which adopts the version just published."""
+    pipeline = Pipeline(small_config(tmp_path, "run.steps=2", "pipeline.mode=async", "eval.every=2",
+                                     "eval.prompts=16"))
+    summary = pipeline.run()
+    assert pipeline.history[0]["eval_start"]["policy_version"] == 0
+    assert pipeline.history[-1]["eval"]["policy_version"] == 2
+    assert summary["eval_versions"] == [0, 2] and pipeline.history[-1]["eval"]["problems"] == 16
+    last = pipeline.history[-1]
+    assert last["timing"]["eval"] > 0 and last["step_seconds"] == pytest.approx(sum(last["timing"].values())
+                                                                               - last["timing"]["eval"])
 
 
 @pytest.mark.slow
 def test_a_killed_rollout_actor_is_replaced_and_no_group_is_lost_or_used_twice(tmp_path, local_ray):
     config = small_config(tmp_path, "run.steps=5", "pipeline.mode=async", "pipeline.max_staleness=1")
-    trainer = AsyncTrainer(config)
+    pipeline = Pipeline(config)
     killed = {}
 
     def kill_after_step_2(step, total, record):
         if step == 2:
-            killed["in_flight"] = trainer.pool.in_flight_groups()  # step 4's request was just sent
-            ray.kill(trainer.pool.actors[0], no_restart=True)
+            killed["in_flight"] = pipeline.source.pool.in_flight_groups()  # step 4's request was just sent
+            ray.kill(pipeline.source.pool.actors[0], no_restart=True)
 
-    summary = trainer.run(progress=kill_after_step_2)
+    summary = pipeline.run(progress=kill_after_step_2)
     assert killed["in_flight"] > 0, "nothing was in flight when the actor was killed"
     assert summary["actor_restarts"] == 1 and summary["requests_reissued"] >= 1
-    assert_within_bound(trainer, 1)
+    assert_within_bound(pipeline, 1)
     ledger = summary["groups"]
     assert ledger["duplicates"] == 0
     assert ledger["consumed"] + ledger["dropped"] + ledger["buffered"] + ledger["in_flight"] + \
         ledger["awaiting_reissue"] == ledger["issued"]
-    consumed = [u.index for u in trainer.buffer.consumed]
-    assert len(consumed) == len(set(consumed)) == 5 * trainer.P
-    assert not set(consumed) & set(trainer.buffer.dropped)
+    consumed = [u.index for u in pipeline.buffer.consumed]
+    assert len(consumed) == len(set(consumed)) == 5 * pipeline.P
+    assert not set(consumed) & set(pipeline.buffer.dropped)
     # every group up to the last one trained on was either trained on or dropped for staleness
-    assert set(range(max(consumed) + 1)) <= set(consumed) | set(trainer.buffer.dropped)
+    assert set(range(max(consumed) + 1)) <= set(consumed) | set(pipeline.buffer.dropped)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -147,7 +160,7 @@ def test_bad_pipeline_values_are_named(override, message):
 
 def test_resuming_an_async_run_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint to resume from"):
-        AsyncTrainer(small_config(tmp_path, "pipeline.mode=async"), resume=True)
+        Pipeline(small_config(tmp_path, "pipeline.mode=async"), resume=True)
 
 
 @pytest.mark.slow
@@ -156,12 +169,12 @@ def test_a_resumed_async_run_continues_the_ledger_with_no_position_lost_or_repea
     pending requests come back, every step trains on P groups within the bound, and no data
     position is trained on twice; the suffix proposer's memory comes back with the actors."""
     common = ["pipeline.mode=async", "pipeline.max_staleness=1", "backend.proposer=suffix", "run.checkpoint_every=1"]
-    first = AsyncTrainer(small_config(tmp_path, "run.steps=3", *common))
+    first = Pipeline(small_config(tmp_path, "run.steps=3", *common))
     first.run()
     saved = json.loads(sorted((tmp_path / "checkpoints").glob("step_*"))[-1].joinpath("state.json").read_text())
     assert saved["pipeline"]["proposer"][0]["memory"]  # the actor's memory of earlier rollouts was saved
-    resumed = AsyncTrainer(small_config(tmp_path, "run.steps=6", *common), resume=True)
-    assert resumed.start_step == 3 and len(resumed.buffer.consumed) == 3 * resumed.P
+    resumed = Pipeline(small_config(tmp_path, "run.steps=6", *common), resume=True)
+    assert resumed.learner.start_step == 3 and len(resumed.buffer.consumed) == 3 * resumed.P
     resumed.run()
     positions = [used.index for used in resumed.buffer.consumed]
     assert len(positions) == len(set(positions)) == 6 * resumed.P
@@ -234,9 +247,9 @@ def test_a_running_request_adopts_an_offered_version_between_engine_steps(tmp_pa
 def test_in_flight_updates_keep_every_token_within_the_bound(tmp_path, local_ray):
     config = small_config(tmp_path, "run.steps=4", "pipeline.mode=async", "pipeline.max_staleness=1",
                           "pipeline.weight_updates=step", "rollout.max_tokens=16")
-    trainer = AsyncTrainer(config)
-    summary = trainer.run()
-    assert_within_bound(trainer, 1)
+    pipeline = Pipeline(config)
+    summary = pipeline.run()
+    assert_within_bound(pipeline, 1)
     assert summary["weight_updates"] == "step" and summary["in_flight_weight_updates"] >= 0
-    assert sum(r["in_flight_weight_updates"] for r in trainer.history) == summary["in_flight_weight_updates"]
+    assert sum(r["in_flight_weight_updates"] for r in pipeline.history) == summary["in_flight_weight_updates"]
     assert 0 <= summary["token_staleness_mean"] <= 1

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from specrl.pipeline.config import load_config
 from specrl.pipeline.evaluation import check_held_out, held_out_indices, pass_at_k, summarise
 from specrl.tasks import TaskConfig, make_task
 
@@ -38,11 +37,6 @@ def test_the_held_out_set_is_the_tasks_tail_and_a_run_that_reaches_it_is_refused
         check_held_out(task, 100, trained_positions=901)
 
 
-def test_evaluation_during_an_async_run_is_refused_with_the_alternative():
-    with pytest.raises(ValueError, match="specrl eval RUN_DIR"):
-        load_config("tiny", overrides=["eval.every=2", "pipeline.mode=async"])
-
-
 def test_specrl_eval_prints_pass_at_k_for_a_model_and_for_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "specrl.cli", "eval", "tiny", "--prompts", "32", "--n", "2",
                           "--threads", "1"], check=True, capture_output=True, text=True)
@@ -60,13 +54,13 @@ def test_specrl_eval_prints_pass_at_k_for_a_model_and_for_a_run(tmp_path):
 
 
 def test_a_run_evaluates_held_out_pass_at_1_and_plots_it_with_the_drain(tmp_path):
-    from specrl.pipeline.sync import SyncTrainer
+    from specrl.pipeline.loop import Pipeline
     from specrl.telemetry.run_plots import plot_run
     from test_pipeline import small_config
 
-    trainer = SyncTrainer(small_config(tmp_path, "run.steps=3", "eval.every=2", "eval.prompts=16"))
-    summary = trainer.run()
-    records = trainer.history
+    pipeline = Pipeline(small_config(tmp_path, "run.steps=3", "eval.every=2", "eval.prompts=16"))
+    summary = pipeline.run()
+    records = pipeline.history
     assert records[0]["eval_start"]["policy_version"] == 0
     assert [r["eval"]["policy_version"] for r in records if "eval" in r] == [2, 3]  # every 2nd step and the last
     assert summary["eval_versions"] == [0, 3]
@@ -76,7 +70,7 @@ def test_a_run_evaluates_held_out_pass_at_1_and_plots_it_with_the_drain(tmp_path
         assert live[0] == 16 and live == sorted(live, reverse=True)  # 4 prompts x 4 samples, draining
     head = small_config(tmp_path / "head", "run.steps=2", "eval.every=2", "eval.prompts=16", "draft.enabled=true",
                         "backend.proposer=eagle3")
-    adapting = SyncTrainer(head)
+    adapting = Pipeline(head)
     adapting.run()
     start, end = adapting.history[0]["eval_start"], adapting.history[-1]["eval"]
     assert start["head_acceptance_adapted"] == start["head_acceptance_frozen"]  # nothing adapted yet

@@ -22,7 +22,7 @@ import torch
 from specrl.finite_step import finite_step
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import load_config
-from specrl.pipeline.sync import SyncTrainer
+from specrl.pipeline.loop import Pipeline
 from specrl.rl.grpo import GRPOConfig, grpo_loss
 from specrl.rl.trainer import OptimConfig, PolicyTrainer
 from specrl.sampling import SamplingParams
@@ -153,26 +153,26 @@ SMALL = ["run.steps=2", "rollout.prompts_per_step=2", "grpo.group_size=2", "roll
 def test_grpo_with_truncation_and_kl_keeps_the_weights_finite(tmp_path, truncation):
     """The review's reproduction (top_p 0.7, kl_coef 0.01, tiny): it died at step 1 on NaN weights."""
     config = load_config("tiny", overrides=SMALL + ["grpo.kl_coef=0.01", truncation, f"run.run_dir={tmp_path}"])
-    trainer = SyncTrainer(config)
-    summary = trainer.run()
+    pipeline = Pipeline(config)
+    summary = pipeline.run()
     assert summary["steps_run"] == 2 and summary["skipped_steps_total"] == {"policy": 0, "draft": 0}
-    for record in trainer.history:
+    for record in pipeline.history:
         assert math.isfinite(record["train"]["loss"]) and math.isfinite(record["train"]["kl"])
         assert record["train"]["logprob_abs_error_max"] < 1e-4
-    assert all(torch.isfinite(v).all() for v in trainer.weights()[0].values())
+    assert all(torch.isfinite(v).all() for v in pipeline.learner.weights()[0].values())
 
 
 def test_non_finite_weights_are_neither_published_nor_checkpointed(tmp_path):
     config = load_config("tiny", overrides=SMALL + ["run.steps=1", f"run.run_dir={tmp_path}"])
-    trainer = SyncTrainer(config)
+    pipeline = Pipeline(config)
     with torch.no_grad():
-        next(trainer.trainer.model.parameters())[0, 0] = float("nan")
+        next(pipeline.learner.trainer.model.parameters())[0, 0] = float("nan")
     with pytest.raises(ValueError, match="trained policy's weights .*not published.*holds NaN"):
-        trainer.weights()
+        pipeline.learner.weights()
     with pytest.raises(ValueError, match="holds NaN"):
-        trainer.checkpoint_if_due(1)
+        pipeline.learner.checkpoint_if_due(1, pipeline.pipeline_state)
     assert not any((tmp_path / "checkpoints").glob("*/policy"))
-    trainer.sink.close()
+    pipeline.learner.sink.close()
 
 
 def test_a_nan_weight_sync_says_the_synced_weights_are_not_finite(target_dir):

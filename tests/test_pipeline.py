@@ -21,7 +21,7 @@ import torch
 from specrl.sampling import SamplingParams
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import load_config
-from specrl.pipeline.sync import SyncTrainer
+from specrl.pipeline.loop import Pipeline
 from specrl.rl.trainer import token_logprobs
 from specrl.rl.sequences import train_batch
 
@@ -40,9 +40,9 @@ def small_config(tmp_path, *extra):
                                       ["backend.proposer=int8"]],
                          ids=["draft", "eagle3", "hybrid-mtp", "int8"])
 def test_rollout_logprobs_match_the_trainer_during_training(tmp_path, proposer):
-    trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", *proposer))
-    summary = trainer.run()
-    for record in trainer.history:
+    pipeline = Pipeline(small_config(tmp_path, "run.steps=2", *proposer))
+    summary = pipeline.run()
+    for record in pipeline.history:
         assert record["train"]["logprob_abs_error_max"] < 1e-4
     assert summary["steps_run"] == 2 and summary["acceptance_length"] > 1.0
 
@@ -51,27 +51,27 @@ def test_rollout_logprobs_match_the_trainer_during_training(tmp_path, proposer):
                          ids=["top_p=0.7", "top_k=20", "top_k=5"])
 def test_truncated_sampling_is_scored_under_the_same_truncation(tmp_path, truncation):
     """The engine samples from the top-k / top-p truncated distribution and records logprobs under it;
-    the trainer must score the same tokens under the same truncation, or every ratio starts below 1
+    the pipeline must score the same tokens under the same truncation, or every ratio starts below 1
     (0.71-0.79 at top_p 0.7 before the fix) and negative-advantage tokens are clipped to no gradient."""
-    trainer = SyncTrainer(small_config(tmp_path, "run.steps=2", "backend.proposer=ngram", *truncation))
-    trainer.run()
-    for record in trainer.history:
+    pipeline = Pipeline(small_config(tmp_path, "run.steps=2", "backend.proposer=ngram", *truncation))
+    pipeline.run()
+    for record in pipeline.history:
         assert record["train"]["logprob_abs_error_max"] < 1e-4
-    assert trainer.history[0]["train"]["clip_fraction"] == 0.0  # ratio == 1 on the first update
+    assert pipeline.history[0]["train"]["clip_fraction"] == 0.0  # ratio == 1 on the first update
 
 
 def test_engine_after_weight_sync_produces_the_trainers_logprobs(tmp_path):
-    trainer = SyncTrainer(small_config(tmp_path, "run.steps=1"))
-    trainer.run()  # one optimiser step with lr 1e-3, then sync as version 1
-    backend, tok = trainer.backend, trainer.tokenizer
-    prompt = trainer.task.render(trainer.task[123], tok)
+    pipeline = Pipeline(small_config(tmp_path, "run.steps=1"))
+    pipeline.run()  # one optimiser step with lr 1e-3, then sync as version 1
+    backend, tok = pipeline.source.backend, pipeline.learner.tokenizer
+    prompt = pipeline.learner.task.render(pipeline.learner.task[123], tok)
     result = backend.generate([prompt], SamplingParams(max_tokens=10, seed=3))
     completion = result.completions[0]
     assert completion.versions == [1] * len(completion.token_ids)
     ids = tok.encode(prompt, add_special_tokens=False)
     batch = train_batch([ids], [completion.token_ids], pad_id=0)
     with torch.no_grad():
-        lp = token_logprobs(trainer.trainer.model(input_ids=batch.ids).logits, batch.ids, 1.0)
+        lp = token_logprobs(pipeline.learner.trainer.model(input_ids=batch.ids).logits, batch.ids, 1.0)
     trainer_lp = lp[0, len(ids) - 1: len(ids) - 1 + len(completion.token_ids)]
     assert torch.allclose(trainer_lp, torch.tensor(completion.logprobs), atol=1e-4)
 
@@ -84,11 +84,11 @@ def test_online_draft_adaptation_brings_the_draft_closer_to_a_fixed_policy(tmp_p
     config = transformers.AutoConfig.from_pretrained(str(resolve_checkpoint("tiny-draft")))
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "fresh-draft")
-    trainer = SyncTrainer(small_config(tmp_path / "run", "run.steps=12", "backend.proposer=draft", "draft.lr=1e-2",
+    pipeline = Pipeline(small_config(tmp_path / "run", "run.steps=12", "backend.proposer=draft", "draft.lr=1e-2",
                                        "optim.lr=1e-12", f"backend.draft={tmp_path / 'fresh-draft'}"))
-    trainer.run()
-    kl = [r["train"]["draft_kl"] for r in trainer.history]
-    acceptance = [r["train"]["draft_expected_acceptance"] for r in trainer.history]
+    pipeline.run()
+    kl = [r["train"]["draft_kl"] for r in pipeline.history]
+    acceptance = [r["train"]["draft_expected_acceptance"] for r in pipeline.history]
     assert sum(kl[-3:]) / 3 < 0.9 * sum(kl[:3]) / 3
     assert sum(acceptance[-3:]) > sum(acceptance[:3])
 
@@ -148,7 +148,7 @@ def test_bad_config_value_is_named():
 
 def test_resume_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint to resume from"):
-        SyncTrainer(small_config(tmp_path), resume=True)
+        Pipeline(small_config(tmp_path), resume=True)
 
 
 def test_online_adaptation_of_a_reduced_vocabulary_draft_is_refused_by_name(tmp_path):
@@ -170,21 +170,21 @@ def test_online_adaptation_of_a_reduced_vocabulary_draft_is_refused_by_name(tmp_
 
 
 def test_a_fresh_run_refuses_to_drop_an_earlier_runs_checkpoints(tmp_path):
-    SyncTrainer(small_config(tmp_path, "run.steps=1")).run()
+    Pipeline(small_config(tmp_path, "run.steps=1")).run()
     with pytest.raises(ValueError, match="already holds a run's checkpoints: continue it with --resume"):
-        SyncTrainer(small_config(tmp_path, "run.steps=1"))
-    SyncTrainer(small_config(tmp_path, "run.steps=1", "run.overwrite=true")).run()
+        Pipeline(small_config(tmp_path, "run.steps=1"))
+    Pipeline(small_config(tmp_path, "run.steps=1", "run.overwrite=true")).run()
 
 
 def test_the_run_folder_is_checked_before_any_engine_is_built(tmp_path, monkeypatch):
-    SyncTrainer(small_config(tmp_path, "run.steps=1")).run()
+    Pipeline(small_config(tmp_path, "run.steps=1")).run()
 
     def no_backend(*args, **kwargs):
         raise AssertionError("the backend was built before the run folder was checked")
 
-    monkeypatch.setattr("specrl.pipeline.sync.make_backend", no_backend)
+    monkeypatch.setattr("specrl.pipeline.actors.make_backend", no_backend)
     with pytest.raises(ValueError, match="already holds a run's checkpoints"):
-        SyncTrainer(small_config(tmp_path, "run.steps=1"))
+        Pipeline(small_config(tmp_path, "run.steps=1"))
 
 
 def test_resume_continues_the_run_in_the_folder_it_names_after_a_move(tmp_path):
@@ -193,7 +193,7 @@ def test_resume_continues_the_run_in_the_folder_it_names_after_a_move(tmp_path):
     from specrl import cli
 
     first = tmp_path / "first"
-    SyncTrainer(small_config(first, "run.steps=2", "run.checkpoint_every=1")).run()
+    Pipeline(small_config(first, "run.steps=2", "run.checkpoint_every=1")).run()
     moved = tmp_path / "moved"
     first.rename(moved)
     assert cli.main(["train", "--resume", str(moved), "run.steps=3"]) == 0

@@ -63,17 +63,15 @@ def build_config(args) -> TrainConfig:
 def run(args) -> dict:
     config = build_config(args)
     set_threads(config.run.threads)
-    if config.pipeline.mode == "async":
-        from specrl.pipeline.asynchronous import AsyncTrainer as Trainer
-    else:
-        from specrl.pipeline.sync import SyncTrainer as Trainer
-    trainer = Trainer(config, resume=bool(args.resume))
+    from specrl.pipeline.loop import Pipeline
+
+    pipeline = Pipeline(config, resume=bool(args.resume))
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     with Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console) as progress:
-        task = progress.add_task("", total=config.run.steps, completed=trainer.start_step)
+        task = progress.add_task("", total=config.run.steps, completed=pipeline.learner.start_step)
 
         def update(step, total, record):
             spec = record["spec"]
@@ -81,6 +79,6 @@ def run(args) -> dict:
                 f"reward {record['reward_mean']:.2f}  accept-len {spec['acceptance_length']:.2f}  "
                 f"{record['rollout_tokens_per_s']:.0f} tok/s  {record['step_seconds']:.1f}s/step"))
 
-        summary = trainer.run(progress=update)
+        summary = pipeline.run(progress=update)
     console.print(f"run folder: {summary['run_dir']}  (plots: specrl plot {summary['run_dir']})")
     return summary

@@ -1,18 +1,22 @@
-"""Rollout actors on Ray, and the pool that keeps them fed and restarts the ones that die.
+"""Rollout workers, the Ray actors that run them, and the pool that keeps them fed.
 
-A `RolloutWorker` (run as a Ray actor) owns one backend built by `make_backend`
-(the embedded engine by default) and the task. One call, `generate(request)`: adopt the
-newest weights on the `WeightBoard`, render the request's prompts, sample G responses
-per prompt, score them, and return the scored groups. Every token carries the version
-that sampled it. With `pipeline.weight_updates=request` a request runs start to finish
-on one version, and requests are deterministic: a request's sampling seed is a function
-of (run.seed, request number), so a request re-issued on the same weights version
-returns the same samples. With `step`, the trainer also `offer`s each new version to the
-actors (served on the "state" concurrency group, so it lands while a request runs), and
-the engine adopts it between two steps of the running request (in-flight updates; which
-step is a race, so samples are no longer a function of the seed alone). After each
-request the worker keeps a snapshot of its proposer's memory (`proposer_state`, also on
-the "state" group, so a checkpoint does not wait behind queued requests).
+A `RolloutWorker` owns one backend built by `make_backend` (the embedded engine by
+default) and the task. It runs in the trainer's process (the sync pipeline's
+`LocalSource`) or as a Ray actor (`RolloutActor`, the async pipeline's `ActorSource`;
+see `specrl.pipeline.sources`). One call, `generate(request)`: adopt the newest weights
+on the `WeightBoard` (actors; an in-process worker is handed them), render the
+request's prompts, sample G responses per prompt, score them, and return the scored
+groups. Every token carries the version that sampled it. With
+`pipeline.weight_updates=request` a request runs start to finish on one version, and
+requests are deterministic: a request's sampling seed is a function of (run.seed,
+request number), so a request re-issued on the same weights version returns the same
+samples. With `step`, the trainer also `offer`s each new version to the actors (served
+on the "state" concurrency group, so it lands while a request runs), and the engine
+adopts it between two steps of the running request (in-flight updates; which step is a
+race, so samples are no longer a function of the seed alone). After each request the
+worker keeps a snapshot of its proposer's memory (`proposer_state`, also on the "state"
+group, so a checkpoint does not wait behind queued requests). `evaluate(seed)` scores
+the held-out set on the newest weights, queued behind the worker's requests.
 
 `RolloutPool` holds `num_actors` actors and the requests in flight on each (at most
 `requests_per_actor`; Ray queues them on the actor in order). When an actor dies,
@@ -35,6 +39,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from specrl.backends import ModelSet, make_backend
 from specrl.pipeline.config import TrainConfig
+from specrl.pipeline.evaluation import evaluate
 from specrl.pipeline.groups import Group, score_groups
 from specrl.pipeline.weights import VersionedWeights, adopt
 from specrl.tasks import make_task, render_prompts
@@ -63,18 +68,21 @@ class RolloutResult:
     # actor-side stages: weight_load (in flight too, with the cache recomputes it causes), generation, reward
     seconds: dict[str, float] = field(default_factory=dict)
     weight_updates: int = 0  # versions adopted in flight, during this request
+    trace: list = field(default_factory=list)  # the batch's drain (`GenerationResult.trace`)
 
 
 class RolloutWorker:
-    """One rollout actor's state: a backend, the task and its sampling settings.
+    """One rollout worker's state: a backend, the task and its sampling settings.
 
-    `version` is the version of the weights in `models.policy` (0, or a resumed checkpoint's), and
-    `proposer_state` the proposer memory a resumed run saved for this actor."""
+    `threads`: torch threads to set (None: leave the process's setting). `board`: the `WeightBoard`
+    actor it reads the newest weights from, or None when the weights are handed to its backend
+    directly (in the trainer's process). `version` is the version of the weights in `models.policy`
+    (0, or a resumed checkpoint's), and `proposer_state` the proposer memory a resumed run saved."""
 
-    def __init__(self, config: TrainConfig, models: ModelSet, threads: int, board,
+    def __init__(self, config: TrainConfig, models: ModelSet, threads: int | None, board,
                  version: int = 0, proposer_state: dict | None = None):
-        sys.stdout = sys.stderr  # the driver's stdout ends with its one JSON line; Ray forwards ours there
-        torch.set_num_threads(threads)
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.config, self.board = config, board
         self.backend = make_backend(config.backend, config.vllm, models)
         self.backend.version = version
@@ -83,9 +91,13 @@ class RolloutWorker:
         self.task = make_task(config.task)
         self.offered: VersionedWeights | None = None  # the newest version offered in flight
 
+    def adopt_latest(self) -> float:
+        """Load the board's newest weights if newer than the backend's; the seconds it took."""
+        return 0.0 if self.board is None else adopt(self.backend, ray.get(self.board.latest.remote()))
+
     def generate(self, request: RolloutRequest) -> RolloutResult:
         cfg = self.config
-        load_seconds = adopt(self.backend, ray.get(self.board.latest.remote()))
+        load_seconds = self.adopt_latest()
         tokenizer = self.backend.tokenizer
         problems, prompts = render_prompts(self.task, tokenizer, request.first, request.count)
         params = cfg.rollout.sampling(cfg.grpo.group_size, seed=request.seed)
@@ -98,7 +110,17 @@ class RolloutWorker:
         return RolloutResult(request, groups, result.spec, result.k_histogram, result.num_tokens,
                              {"weight_load": load_seconds + result.weight_update_seconds,
                               "generation": result.seconds - result.weight_update_seconds,
-                              "reward": time.perf_counter() - start}, result.weight_updates)
+                              "reward": time.perf_counter() - start}, result.weight_updates, result.trace)
+
+    def evaluate(self, seed: int) -> tuple[dict, list]:
+        """Held-out pass@k (`pipeline.evaluation`) of the newest weights: (result with its policy_version,
+        the completions it sampled)."""
+        self.adopt_latest()
+        completions = []
+        result = evaluate(self.backend, self.task, self.backend.tokenizer, self.config.eval,
+                          self.config.rollout.max_tokens, seed=seed, completions=completions)
+        self.snapshot = self.backend.proposer_state()
+        return {"policy_version": self.backend.version, **result}, completions
 
     @ray.method(concurrency_group="state")
     def offer(self, weights: VersionedWeights) -> None:
@@ -120,7 +142,15 @@ class RolloutWorker:
         return self.snapshot
 
 
-RolloutActor = ray.remote(concurrency_groups={"state": 1})(RolloutWorker)
+class RolloutWorkerProcess(RolloutWorker):
+    """A `RolloutWorker` in a Ray actor's own process."""
+
+    def __init__(self, *args, **kwargs):
+        sys.stdout = sys.stderr  # the driver's stdout ends with its one JSON line; Ray forwards ours there
+        super().__init__(*args, **kwargs)
+
+
+RolloutActor = ray.remote(concurrency_groups={"state": 1})(RolloutWorkerProcess)
 
 
 class RolloutPool:
@@ -141,13 +171,18 @@ class RolloutPool:
     def in_flight_groups(self) -> int:
         return sum(request.count for _, _, request in self.in_flight.values())
 
-    def free_slot(self) -> int | None:
-        """The actor slot with the fewest requests in flight, if it can take one more."""
+    def least_loaded(self) -> tuple[int, int]:
+        """(the actor slot with the fewest requests in flight, how many it has)."""
         load = [0] * len(self.actors)
         for slot, _, _ in self.in_flight.values():
             load[slot] += 1
         slot = min(range(len(self.actors)), key=load.__getitem__)
-        return slot if load[slot] < self.requests_per_actor else None
+        return slot, load[slot]
+
+    def free_slot(self) -> int | None:
+        """The actor slot with the fewest requests in flight, if it can take one more."""
+        slot, load = self.least_loaded()
+        return slot if load < self.requests_per_actor else None
 
     def submit(self, slot: int, request: RolloutRequest) -> None:
         actor = self.actors[slot]
@@ -172,6 +207,19 @@ class RolloutPool:
                 failed.append(request)
                 self._replace(slot, actor)
         return results, failed
+
+    def evaluate(self, seed: int) -> tuple[dict, list]:
+        """`RolloutWorker.evaluate` on the least loaded actor (queued behind its requests). An actor that
+        dies meanwhile is replaced (its requests fail in `collect`, as always) and the evaluation resent."""
+        while True:
+            slot, _ = self.least_loaded()
+            actor = self.actors[slot]
+            try:
+                return ray.get(actor.evaluate.remote(seed))
+            except ActorUnavailableError:
+                continue
+            except RayActorError:
+                self._replace(slot, actor)
 
     def offer(self, weights: VersionedWeights) -> None:
         """Offer a new version to every actor, for in-flight adoption (no reply is awaited)."""

@@ -72,7 +72,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Sync or async (Ray) GRPO; see `specrl.pipeline.asynchronous` for the async design."""
+    """Sync (in-process rollouts) or async (Ray rollout actors) GRPO: one loop, see `specrl.pipeline.loop`."""
 
     SECTION: ClassVar[str] = "pipeline"
 
@@ -114,12 +114,10 @@ class TrainConfig:
         if ranks > 1 and self.draft.enabled and self.backend.draft_kind is not None:
             raise ValueError(f"draft.enabled: online adaptation of the {self.backend.draft_kind} draft trains on the "
                              "policy's activations in one process; set run.trainer_ranks=1, or draft.enabled=false")
-        if self.eval.every and self.pipeline.mode == "async":
-            raise ValueError("eval.every: held-out evaluation during training runs in the sync pipeline; evaluate an "
-                             "async run's checkpoints with `specrl eval RUN_DIR`")
         if self.pipeline.weight_updates == "step" and self.pipeline.mode != "async":
-            raise ValueError("pipeline.weight_updates=step: in-flight weight updates are for pipeline.mode=async "
-                             "(the sync loop never trains while it generates)")
+            raise ValueError("pipeline.weight_updates=step: in-flight weight updates are for pipeline.mode=async: the "
+                             "sync pipeline publishes a version only between requests (staleness 0), so a running request "
+                             "never has a newer version to adopt")
         if self.pipeline.weight_updates == "step" and self.backend.backend != "embedded":
             raise ValueError(f"pipeline.weight_updates=step needs backend.backend=embedded: the "
                              f"{self.backend.backend} backend takes new weights between calls only")

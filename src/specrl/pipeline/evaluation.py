@@ -24,7 +24,7 @@ from specrl.validation import check_fields, within
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Held-out pass@1 during training (sync pipeline)."""
+    """Held-out pass@k during training (both pipeline modes)."""
 
     SECTION: ClassVar[str] = "eval"
 

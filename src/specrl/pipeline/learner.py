@@ -1,8 +1,8 @@
-"""The trainer side both pipelines share: train on scored groups, checkpoint, record.
+"""The trainer side of the pipeline: train on scored groups, checkpoint, record.
 
 A `Learner` owns the policy (and draft) trainers, the task, the run folder and its
-telemetry. A pipeline (sync or async) decides where the groups come from and when;
-the learner turns a batch of groups into one optimiser step and one metrics record:
+telemetry. The pipeline (`specrl.pipeline.loop`) decides where the groups come from and
+when; the learner turns a batch of groups into one optimiser step and one metrics record:
 
     groups [P] --group advantages--> PolicyTrainer.step (GRPO; the draft adapts on the same
     micro-batches) --> checkpoint when due --> metrics.jsonl record (+ TensorBoard)
@@ -17,6 +17,7 @@ import shutil
 import statistics
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -80,12 +81,12 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, Mode
 class Learner:
     """Policy (+ draft) trainers, task, run folder and telemetry of one run."""
 
-    def __init__(self, config: TrainConfig, checkpoint: Path | None, models: ModelSet, tokenizer=None):
+    def __init__(self, config: TrainConfig, checkpoint: Path | None, models: ModelSet):
         self.config = config
         self.run_dir = Path(config.run.run_dir)
         self.models = models
         policy_dir, draft_dir = self.policy_dir, self.draft_dir
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(policy_dir)
+        self.tokenizer = load_tokenizer(policy_dir)
         # several trainer ranks are Ray actors: join the pipeline's Ray (or start one on this machine)
         self.trainer_ray = RaySession(config.pipeline.ray_address) if config.run.trainer_ranks > 1 else None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
@@ -188,15 +189,16 @@ class Learner:
                 stats.update(self.draft.step())
         return stats
 
-    def checkpoint_if_due(self, step: int) -> None:
-        """Save when due. Its time is counted in the next step's record (the record is written first)."""
+    def checkpoint_if_due(self, step: int, pipeline_state: Callable[[], dict]) -> None:
+        """Save when due, with the pipeline's `pipeline_state()` (JSON-ready: what it needs to continue).
+        Its time is counted in the next step's record (the record is written first)."""
         every = self.config.run.checkpoint_every
         if step == self.config.run.steps or (every and step % every == 0):
             with self.timer.stage("checkpoint"):
                 self.weights()  # refuses non-finite weights before a file is written
                 save_checkpoint(self.run_dir, step, step, self.save_policy, self.trainer.optimizer_state(),
                                 self.draft.save if self.draft else None,
-                                self.draft.optimizer.state_dict() if self.draft else None, pipeline=self.pipeline_state())
+                                self.draft.optimizer.state_dict() if self.draft else None, pipeline=pipeline_state())
 
     def save_policy(self, folder: Path) -> None:
         self.trainer.save_policy(folder)
@@ -208,10 +210,6 @@ class Learner:
             self.trainer.close()
         if self.trainer_ray is not None:
             self.trainer_ray.close()
-
-    def pipeline_state(self) -> dict:
-        """What the pipeline must save to continue exactly (JSON-ready); each pipeline adds its own."""
-        return {}
 
     def note_rollouts(self, spec: SpecStats, tokens: int, seconds: float) -> None:
         """Count generated tokens and generation seconds (whether or not their groups are trained on)."""
