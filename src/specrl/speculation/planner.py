@@ -113,19 +113,24 @@ class StepTimeModel:
         n = len(features(1, 1))
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
+        self._eye = np.eye(n)
         self._theta: np.ndarray | None = None
 
     def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
         x = self.features(batch, k, width)
-        self.xtx = self.decay * self.xtx + np.outer(x, x)
-        self.xty = self.decay * self.xty + x * seconds
+        self.xtx *= self.decay
+        self.xty *= self.decay
+        if not x.any():  # only the decay: theta solves (d A + ridge tr(d A) I) theta = d b, the same theta
+            return
+        self.xtx += np.outer(x, x)
+        self.xty += x * seconds
         self._theta = None
 
     @property
     def theta(self) -> np.ndarray:
         if self._theta is None:
             scale = np.trace(self.xtx) or 1.0
-            self._theta = np.linalg.solve(self.xtx + self.ridge * scale * np.eye(len(self.xty)), self.xty)
+            self._theta = np.linalg.solve(self.xtx + self.ridge * scale * self._eye, self.xty)
         return self._theta
 
     def predict(self, batch: int, k: int, width: int = 1) -> float:
@@ -168,6 +173,7 @@ class SpeculationController:
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
         self._option_rows: dict[int, tuple] = {}  # batch -> `_priced_options`
+        self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
 
     def use_sampling(self, setting) -> None:
         """Estimate acceptance apart for this sampling setting (any hashable, e.g. (temperature, top_p,
@@ -188,9 +194,12 @@ class SpeculationController:
         k = max_k, one for the others): the fitted models carry its cost to other batch ranges, and every
         step run there corrects them. k = 0 also runs once in each new power-of-two range of the drain
         (a plain step costs no more than plain decoding, and it anchors the range's cost)."""
-        needed = self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1
         seen = self.samples[option]
-        return sum(seen.values()) < needed or (option == (0, 1) and not seen[batch.bit_length()])
+        if option not in self._explored:
+            if sum(seen.values()) < (self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1):
+                return True
+            self._explored.add(option)  # counts only grow: explored for good
+        return option == (0, 1) and not seen[batch.bit_length()]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
