@@ -223,8 +223,7 @@ class Pipeline:
     def run(self, progress=None) -> dict:
         learner = self.learner
         try:
-            with learner.timer.stage("actor_startup"):
-                self.source.wait_ready()
+            self.source.wait_ready(learner.timer)
             self.dispatch()
             for step in range(learner.start_step + 1, self.config.run.steps + 1):
                 record = self.step(step)

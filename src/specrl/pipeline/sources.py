@@ -25,6 +25,7 @@ from specrl.pipeline.actors import RolloutActor, RolloutPool, RolloutRequest, Ro
 from specrl.pipeline.config import TrainConfig
 from specrl.pipeline.ray_session import RaySession
 from specrl.pipeline.weights import VersionedWeights, WeightBoardActor, publish
+from specrl.telemetry.timers import StageTimer
 
 
 class RolloutSource(Protocol):
@@ -33,7 +34,7 @@ class RolloutSource(Protocol):
     in_process: bool  # requests run on the trainer's clock (inside `collect`)
     abandoned: int  # groups of requests still pending when the source was closed
 
-    def wait_ready(self) -> None: ...  # every worker has built its backend
+    def wait_ready(self, timer: StageTimer) -> None: ...  # every worker has built its backend (a wait is timed)
 
     def free_slot(self) -> int | None: ...  # a worker that can take one more request
 
@@ -70,8 +71,8 @@ class LocalSource:
         self.requests: list[RolloutRequest] = []
         self.abandoned = 0
 
-    def wait_ready(self) -> None:
-        pass
+    def wait_ready(self, timer: StageTimer) -> None:
+        pass  # the worker was built with the source
 
     def free_slot(self) -> int | None:
         return None if self.requests else 0
@@ -131,8 +132,9 @@ class ActorSource:
     def abandoned(self) -> int:
         return self.pool.abandoned
 
-    def wait_ready(self) -> None:
-        self.pool.wait_ready()
+    def wait_ready(self, timer: StageTimer) -> None:
+        with timer.stage("actor_startup"):
+            self.pool.wait_ready()
 
     def free_slot(self) -> int | None:
         return self.pool.free_slot()
