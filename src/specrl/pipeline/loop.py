@@ -104,7 +104,7 @@ class Pipeline:
         self.reissue: list[RolloutRequest] = [RolloutRequest(**r) for r in saved.get("requests", [])]  # sent first
         if "buffer" in saved:
             self.buffer.load_state_dict(saved["buffer"])
-        states = saved.get("proposer") or [{}]
+        states = saved.get("proposer") or [{}]  # one per worker (a sync checkpoint from before held one dict)
         if config.eval.every:
             check_held_out(learner.task, config.eval.prompts, config.run.steps * self.P)
         self.source = make_source(config, models, learner.start_version,
