@@ -56,7 +56,7 @@ class Scripted(SpeculationController):
         super().__init__(max_k=3, max_width=3)
         self.step = 0
 
-    def choose_step(self, batch: int) -> tuple[int, int]:
+    def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
         self.step += 1
         return SCHEDULE[(self.step - 1) % len(SCHEDULE)]
 

@@ -4,7 +4,7 @@ One `generate` call:
     prefill    each distinct prompt once (all but its last token), then its KV rows are
                copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
-    choose k   k, w = controller.choose_step(live batch)        (k = 0 plain decoding; w > 1 a tree)
+    choose k   k, w = controller.choose_step(live batch, room)  (k = 0 plain decoding; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
                (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
@@ -236,7 +236,8 @@ class RolloutEngine:
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size
         step_start = time.perf_counter()
-        k, width = self.controller.choose_step(B)
+        room = call.params.max_tokens - int((batch.num_tokens - batch.prompt_len).min())
+        k, width = self.controller.choose_step(B, room)
         tree = TreeShape(width, k) if width > 1 else None
         proposal, draft_seconds = self._propose(batch, call, k, width)
         probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)
@@ -253,9 +254,10 @@ class RolloutEngine:
         if k:
             call.width_histogram[width] = call.width_histogram.get(width, 0) + 1
         call.steps += 1
-        done, stopped = self._apply_stop_rules(batch, emitted, num_emitted, call)
+        done, stopped, kept = self._apply_stop_rules(batch, emitted, num_emitted, call)
         step_seconds = time.perf_counter() - step_start
-        self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width)
+        self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
+                                kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         if done.any():
@@ -325,14 +327,14 @@ class RolloutEngine:
 
     def _apply_stop_rules(self, batch: LiveBatch, emitted, num_emitted, call: CallState):
         """Cut each row at its first stop token, stop string or max_tokens; advance num_tokens by what
-        it keeps. Returns (done [B] bool, stopped [B] bool: ended by a stop token or string)."""
+        it keeps. Returns (done [B] bool, stopped [B] bool: ended by a stop token or string, the tokens kept)."""
         params = call.params
         keep_n, stopped = self._tokens_to_keep(emitted, num_emitted, batch.num_tokens - batch.prompt_len,
                                                call.stop_ids, params)
         if params.stop:
             keep_n, stopped = self._apply_stop_strings(batch, keep_n, stopped, params)
         batch.num_tokens += keep_n
-        return stopped | (batch.num_tokens - batch.prompt_len >= params.max_tokens), stopped
+        return stopped | (batch.num_tokens - batch.prompt_len >= params.max_tokens), stopped, int(keep_n.sum())
 
     def _retire(self, batch: LiveBatch, done: torch.Tensor, stopped: torch.Tensor, call: CallState) -> None:
         """Finished rows become Completions and leave the batch (and the proposer's state)."""

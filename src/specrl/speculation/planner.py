@@ -10,23 +10,36 @@ decoding unless the best beats it by `min_gain` (the never-lose rule). Its users
 
 The engine's choice maximises expected tokens per second:
 
-    rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted)
+    rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted) g^(i+1)
+
+counting the tokens a row keeps: g is the chance that a kept token is not the row's last, 1 - the
+stop tokens (and strings) per kept token, from decayed counts of the steps run. A chain drafted past
+a row's stop token is thrown away: on `tiny`, whose responses stop after 7-10 tokens, chains of 6
+drafted at batch 8 won every step on its own and lost the call (0.88x), the second chain of each
+response being mostly past its end. Likewise a step drafts no further than the most tokens a live
+row may still emit before max_tokens (`room`).
 
 Trees (`speculation.tree`: w candidate first tokens, each with its own chain of k - 1 drafts) are
 options too when the proposer drafts them (`max_width` > 1) and the step stays small (B * (1 + w k)
 <= `max_tree_rows` tokens): the same rate, with tau measured per width and the verify model fed the
 tree's w * k extra tokens per row. `choose_step` returns (k, w); `choose` the chain-only k.
 
-T(B, k), the wall time of a whole step, is the sum of two linear models fitted to every
-step run so far, by least squares with exponential forgetting (recent steps weigh more):
+T(B, k), the wall time of a whole step, comes from linear models fitted to the steps run so far, by
+least squares with exponential forgetting (recent steps weigh more): plain decoding from the plain
+steps, a speculative step (k > 0) as the sum of two models fitted to the speculative steps,
 
+    plain(B)     = a0 + b0 * B                                 a step of plain decoding
     verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B     target pass over B*(k+1) tokens,
                                                                sampling, bookkeeping
     draft(B, k)  = k * (e + f * B)                             the proposer's own time, which the
                                                                engine measures and reports per step
 
 (when no proposer time is reported, verify absorbs it through its k terms). A rollout drains
-through many batch sizes, so steps at one size inform the others.
+through many batch sizes, so steps at one size inform the others. Plain decoding, the option every
+other is measured against, keeps a fit of its own that forgets only as plain steps come: fitted
+with the speculative steps, a long speculative stretch forgot what plain steps cost and inferred it
+from the speculative ones (on `tiny` at batch 34, plain priced at 1.2 ms against 0.9 measured, so
+k = 1 looked 13% faster and ran 13% slower, and speculating, the controller never saw otherwise).
 P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
 the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
 each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
@@ -34,7 +47,7 @@ often than temperature-1 ones, and a benchmark's or an evaluation's greedy call 
 acceptance to the RL calls after it. The engine names the setting of each call (`use_sampling`); a new
 setting starts at the prior.
 
-The verify model also carries one indicator per k strictly between 0 and max_k: matmul
+The verify model also carries one indicator per k strictly between 1 and max_k: matmul
 kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
 weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
 would overprice the k in between; each k's own offset is learned instead.
@@ -67,7 +80,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrl.speculation.acceptance import AcceptanceEstimate, expected_tokens
+from specrl.speculation.acceptance import AcceptanceEstimate
 
 
 def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
@@ -87,9 +100,14 @@ def step_features(batch: int, k: int, width: int = 1) -> np.ndarray:
     return np.array([1.0, batch * (e + 1), e, e * batch])
 
 
+def plain_features(batch: int, k: int = 0, width: int = 1) -> np.ndarray:
+    """A plain decoding step over B rows."""
+    return np.array([1.0, batch])
+
+
 def verify_features(extras: list[int]):
-    """`step_features` plus an indicator for each extra-token count e in `extras` (the options' e
-    strictly between 0 and the largest)."""
+    """`step_features` plus an indicator for each extra-token count e in `extras` (the speculative
+    options' e strictly between the smallest and the largest)."""
     def features(batch: int, k: int, width: int = 1) -> np.ndarray:
         return np.concatenate([step_features(batch, k, width), [float(width * k == e) for e in extras]])
     return features
@@ -106,7 +124,8 @@ class StepTimeModel:
 
     The fit is solved once after each `add`, when first needed, not per prediction: the controller
     prices every option on every step, and on a model whose step takes a millisecond a solve per
-    option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md)."""
+    option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Each step's feature
+    row and its outer product are kept per (B, k, width): a drain revisits the same few."""
 
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
         self.decay, self.ridge, self.features = decay, ridge, features
@@ -115,14 +134,17 @@ class StepTimeModel:
         self.xty = np.zeros(n)
         self._eye = np.eye(n)
         self._theta: np.ndarray | None = None
+        self._terms: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}  # x and x x^T
 
     def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
-        x = self.features(batch, k, width)
+        key = (batch, k, width)
+        if key not in self._terms:
+            x = self.features(batch, k, width)
+            self._terms[key] = x, np.outer(x, x)
+        x, outer = self._terms[key]
         self.xtx *= self.decay
         self.xty *= self.decay
-        if not x.any():  # only the decay: theta solves (d A + ridge tr(d A) I) theta = d b, the same theta
-            return
-        self.xtx += np.outer(x, x)
+        self.xtx += outer
         self.xty += x * seconds
         self._theta = None
 
@@ -152,27 +174,34 @@ class SpeculationController:
     min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the model is trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
+    plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters)
+    stop_decay: float = 0.99  # each step keeps this share of the stop and kept-token counts
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
     refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell whether the draft got
     # better, and at a large batch a k = 8 refresh (the int8 self-draft's max_k) costs ~9 plain steps
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
+    reprice_every: int = 8  # with plain decoding chosen, the same batch size is priced again after this many steps
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
 
     def __post_init__(self):
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
             [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
-        extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
-        self.verify_times = StepTimeModel(features=verify_features(extras))
+        extras = sorted({w * k for k, w in self.options if k})[1:-1]
+        self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
+        self.verify_times = StepTimeModel(features=verify_features(extras))  # speculative steps only
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.use_sampling(None)
-        self.off_streak = 0  # consecutive steps run with k = 0
+        self.off_streak = self.on_streak = 0  # consecutive steps run with k = 0, with k > 0
+        self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
         self._option_rows: dict[int, tuple] = {}  # batch -> `_priced_options`
+        self._plain_hold: int | None = None  # a batch size where plain decoding stands, unpriced, while off_streak
+        self._plain_hold_until = 0  # is below this
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
 
     def use_sampling(self, setting) -> None:
@@ -205,48 +234,90 @@ class SpeculationController:
         k, w = option
         return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
 
-    def choose_step(self, batch: int) -> tuple[int, int]:
-        """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding."""
+    def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
+        """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding. `room`: the
+        most tokens any live row may still emit (max_tokens less what it has); no step drafts past it."""
         if not self.adaptive or self.max_k == 0:
             return self.max_k, self.fixed_width
-        allowed, verify_x, draft_x = self._priced_options(batch)
-        ordered = [(self.max_k, 1), (0, 1)] + [o for o in allowed if o not in ((self.max_k, 1), (0, 1))]
-        for option in ordered:
-            if self._unexplored(option, batch):
-                return option
-        if self.off_streak >= self.refresh_wait:
+        allowed, plain_x, verify_x, draft_x = self._priced_options(batch)
+        if room is not None and room <= self.max_k:  # the last steps of a call: only k < room can be kept
+            fits = [i for i, (k, _) in enumerate(allowed[1:]) if k < room]
+            allowed, verify_x, draft_x = allowed[:1] + [allowed[1 + i] for i in fits], verify_x[fits], draft_x[fits]
+        if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
+            firsts = [o for o in ((self.max_k, 1), (0, 1)) if o in allowed]
+            for option in firsts + [o for o in allowed if o not in firsts]:
+                if self._unexplored(option, batch):
+                    return option
+        refresh_k = min(self.max_k, self.refresh_k)
+        if self.off_streak >= self.refresh_wait and (room is None or refresh_k < room):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             self.refreshing = True
-            return min(self.max_k, self.refresh_k), 1
-        seconds = self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)
-        best = best_option([self.expected(*o) for o in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
+            return refresh_k, 1
+        if self.on_streak >= self.refresh_every:  # a plain step now and then keeps the plain fit current
+            return 0, 1
+        if self._plain_hold == batch and self.off_streak < self._plain_hold_until:
+            return 0, 1
+        seconds = np.concatenate([self.plain_times.predict_rows(plain_x),
+                                  self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)])
+        curves = self._expected_curves()
+        best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if best:
             self.refresh_wait = self.refresh_every
+        else:
+            self._plain_hold, self._plain_hold_until = batch, self.off_streak + self.reprice_every
         return allowed[best]
 
-    def _priced_options(self, batch: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
-        """The options allowed at this batch size and their verify and draft feature rows, built once
-        per size (a drain revisits each)."""
+    def _priced_options(self, batch: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray, np.ndarray]:
+        """The options allowed at this batch size (plain decoding first), plain decoding's feature row and
+        the speculative options' verify and draft feature rows, built once per size (a drain revisits each)."""
         if batch not in self._option_rows:
             allowed = [o for o in self.options if self._allowed(o, batch)]
-            self._option_rows[batch] = (allowed, np.stack([self.verify_times.features(batch, *o) for o in allowed]),
-                                        np.stack([self.draft_times.features(batch, *o) for o in allowed]))
+            self._option_rows[batch] = (allowed, plain_features(batch)[None],
+                                        np.stack([self.verify_times.features(batch, *o) for o in allowed[1:]]),
+                                        np.stack([self.draft_times.features(batch, *o) for o in allowed[1:]]))
         return self._option_rows[batch]
+
+    def _expected_curves(self) -> list[list[float]]:
+        """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring). Plain Python: at
+        these sizes numpy's per-call cost is most of the work."""
+        go_on, curves = 1.0 - self.stop_rate, []
+        for width in range(1, self.widest + 1):
+            curve, kept = [1.0], 1.0
+            for accepted in self.acceptance[width].prefix:
+                kept *= go_on
+                curve.append(curve[-1] + accepted * kept)
+            curves.append(curve)
+        return curves
 
     def choose(self, batch: int) -> int:
         """The chain K for a step over `batch` rows (a controller without trees)."""
         return self.choose_step(batch)[0]
 
     def expected(self, k: int, width: int = 1) -> float:
-        return expected_tokens(k, self.acceptance[width].prefix)
+        """tau(k): the tokens a row keeps from a step with k drafts (module docstring)."""
+        return self._expected_curves()[width - 1][k]
+
+    @property
+    def stop_rate(self) -> float:
+        """Stop tokens (and strings) per kept token, over the recent steps."""
+        return self.stopped_rows / self.kept_tokens if self.kept_tokens else 0.0
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
-                draft_seconds: float = 0.0, width: int = 1) -> None:
-        """Record one step: its wall time (of which `draft_seconds` inside the proposer) and, per
-        draft position along the accepted path, how many rows accepted it."""
-        self.verify_times.add(batch, k, seconds - draft_seconds, width)
-        self.draft_times.add(batch, k, draft_seconds, width)
+                draft_seconds: float = 0.0, width: int = 1, kept_tokens: int = 0, stopped_rows: int = 0) -> None:
+        """Record one step: its wall time (of which `draft_seconds` inside the proposer), per draft
+        position along the accepted path how many rows accepted it, the tokens its rows kept and how
+        many rows a stop token or string ended."""
+        if kept_tokens:
+            self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
+            self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
+        if k:
+            self._plain_hold = None
+            self.verify_times.add(batch, k, seconds - draft_seconds, width)
+            self.draft_times.add(batch, k, draft_seconds, width)
+        else:
+            self.plain_times.add(batch, 0, seconds)
         self.off_streak = self.off_streak + 1 if k == 0 else 0
+        self.on_streak = self.on_streak + 1 if k else 0
         self.samples[(k, width)][batch.bit_length()] += 1
         if k:
             self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
