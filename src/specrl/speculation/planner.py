@@ -25,21 +25,25 @@ options too when the proposer drafts them (`max_width` > 1) and the step stays s
 tree's w * k extra tokens per row. `choose_step` returns (k, w); `choose` the chain-only k.
 
 T(B, k), the wall time of a whole step, comes from linear models fitted to the steps run so far, by
-least squares with exponential forgetting (recent steps weigh more): plain decoding from the plain
-steps, a speculative step (k > 0) as the sum of two models fitted to the speculative steps,
+least squares with exponential forgetting (recent steps weigh more):
 
-    plain(B)     = a0 + b0 * B                                 a step of plain decoding
+    plain(B)     = a0 + b0 * B                                 a step of plain decoding (k = 0)
     verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B     target pass over B*(k+1) tokens,
                                                                sampling, bookkeeping
     draft(B, k)  = k * (e + f * B)                             the proposer's own time, which the
                                                                engine measures and reports per step
 
-(when no proposer time is reported, verify absorbs it through its k terms). A rollout drains
-through many batch sizes, so steps at one size inform the others. Plain decoding, the option every
-other is measured against, keeps a fit of its own that forgets only as plain steps come: fitted
-with the speculative steps, a long speculative stretch forgot what plain steps cost and inferred it
-from the speculative ones (on `tiny` at batch 34, plain priced at 1.2 ms against 0.9 measured, so
-k = 1 looked 13% faster and ran 13% slower, and speculating, the controller never saw otherwise).
+A speculative step costs verify + draft (when no proposer time is reported, verify absorbs it through
+its k terms), plain decoding plain(B). The verify model is fitted to every step, plain ones too: a
+rollout drains through many batch sizes, so steps at one size inform the others. But plain decoding,
+the option every other is measured against, is priced from a fit of its own, to plain steps only,
+which forgets only as plain steps come. Priced by the shared model, a long speculative stretch forgot
+what plain steps cost and inferred it from the speculative ones (on `tiny` at batch 34, plain at
+1.2 ms against 0.9 measured, so k = 1 looked 13% faster and ran 13% slower, and speculating, the
+controller never saw otherwise). While speculating, two plain steps run after every `refresh_every`
+speculative ones to keep that fit current; the first is not fitted, nor is any plain step right
+after a speculative one: the draft's pass leaves the caches colder than plain decoding finds them
+(on `tiny` at batch 8, 0.75 against 0.55 ms).
 P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
 the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
 each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
@@ -47,7 +51,7 @@ often than temperature-1 ones, and a benchmark's or an evaluation's greedy call 
 acceptance to the RL calls after it. The engine names the setting of each call (`use_sampling`); a new
 setting starts at the prior.
 
-The verify model also carries one indicator per k strictly between 1 and max_k: matmul
+The verify model also carries one indicator per k strictly between 0 and max_k: matmul
 kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
 weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
 would overprice the k in between; each k's own offset is learned instead.
@@ -106,8 +110,8 @@ def plain_features(batch: int, k: int = 0, width: int = 1) -> np.ndarray:
 
 
 def verify_features(extras: list[int]):
-    """`step_features` plus an indicator for each extra-token count e in `extras` (the speculative
-    options' e strictly between the smallest and the largest)."""
+    """`step_features` plus an indicator for each extra-token count e in `extras` (the options' e
+    strictly between 0 and the largest)."""
     def features(batch: int, k: int, width: int = 1) -> np.ndarray:
         return np.concatenate([step_features(batch, k, width), [float(width * k == e) for e in extras]])
     return features
@@ -182,26 +186,30 @@ class SpeculationController:
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
-    reprice_every: int = 8  # with plain decoding chosen, the same batch size is priced again after this many steps
+    reprice_every: int = 8  # with plain decoding chosen at a batch size, it stands there this many steps unpriced
+    # and unfitted: one plain step in 8 is plenty for the fits, and the controller's own work per step, with
+    # the caches a model pass left cold, cost 9% of a plain `tiny` step at batch 8 (~60-100 us a pricing)
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
 
     def __post_init__(self):
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
             [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
-        extras = sorted({w * k for k, w in self.options if k})[1:-1]
+        extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
         self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
-        self.verify_times = StepTimeModel(features=verify_features(extras))  # speculative steps only
+        self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
+        self._plain_holds: dict[int, int] = {}  # batch -> steps there that plain decoding stands unpriced
+        self.holding = False  # the step just chosen is one of those
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.use_sampling(None)
-        self.off_streak = self.on_streak = 0  # consecutive steps run with k = 0, with k > 0
+        self.off_streak = 0  # consecutive steps run with k = 0
+        self.on_streak = 0  # speculative steps since the last plain step measured
+        self._last_k = 0  # the last step's k
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
-        self._option_rows: dict[int, tuple] = {}  # batch -> `_priced_options`
-        self._plain_hold: int | None = None  # a batch size where plain decoding stands, unpriced, while off_streak
-        self._plain_hold_until = 0  # is below this
+        self._option_rows: dict[tuple[int, int | None], tuple] = {}  # (batch, room) -> `_priced_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
 
     def use_sampling(self, setting) -> None:
@@ -212,6 +220,7 @@ class SpeculationController:
                 w: AcceptanceEstimate(self.max_k, self.prior_acceptance, self.smoothing, self.prior_rows)
                 for w in range(1, self.widest + 1)}
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
+        self._plain_holds.clear()  # chosen under the last setting's acceptance
 
     @property
     def widest(self) -> int:
@@ -239,24 +248,26 @@ class SpeculationController:
         most tokens any live row may still emit (max_tokens less what it has); no step drafts past it."""
         if not self.adaptive or self.max_k == 0:
             return self.max_k, self.fixed_width
-        allowed, plain_x, verify_x, draft_x = self._priced_options(batch)
-        if room is not None and room <= self.max_k:  # the last steps of a call: only k < room can be kept
-            fits = [i for i, (k, _) in enumerate(allowed[1:]) if k < room]
-            allowed, verify_x, draft_x = allowed[:1] + [allowed[1 + i] for i in fits], verify_x[fits], draft_x[fits]
-        if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
-            firsts = [o for o in ((self.max_k, 1), (0, 1)) if o in allowed]
-            for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch):
-                    return option
+        if room is not None and room <= 1:  # no draft could be kept
+            return 0, 1
         refresh_k = min(self.max_k, self.refresh_k)
         if self.off_streak >= self.refresh_wait and (room is None or refresh_k < room):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             self.refreshing = True
             return refresh_k, 1
-        if self.on_streak >= self.refresh_every:  # a plain step now and then keeps the plain fit current
+        if self._plain_holds.get(batch):  # priced here lately, and plain decoding chosen
+            self._plain_holds[batch] -= 1
+            self.holding = True
             return 0, 1
-        if self._plain_hold == batch and self.off_streak < self._plain_hold_until:
-            return 0, 1
+        if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
+            allowed = self._priced_options(batch, room)[0]
+            firsts = [o for o in ((self.max_k, 1), (0, 1)) if o in allowed]
+            for option in firsts + [o for o in allowed if o not in firsts]:
+                if self._unexplored(option, batch):
+                    return option
+        if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
+            return 0, 1  # the first after a speculative step is not measured (`observe`)
+        allowed, plain_x, verify_x, draft_x = self._priced_options(batch, room)
         seconds = np.concatenate([self.plain_times.predict_rows(plain_x),
                                   self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)])
         curves = self._expected_curves()
@@ -264,18 +275,21 @@ class SpeculationController:
         if best:
             self.refresh_wait = self.refresh_every
         else:
-            self._plain_hold, self._plain_hold_until = batch, self.off_streak + self.reprice_every
+            self._plain_holds[batch] = self.reprice_every - 1
         return allowed[best]
 
-    def _priced_options(self, batch: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray, np.ndarray]:
-        """The options allowed at this batch size (plain decoding first), plain decoding's feature row and
-        the speculative options' verify and draft feature rows, built once per size (a drain revisits each)."""
-        if batch not in self._option_rows:
-            allowed = [o for o in self.options if self._allowed(o, batch)]
-            self._option_rows[batch] = (allowed, plain_features(batch)[None],
-                                        np.stack([self.verify_times.features(batch, *o) for o in allowed[1:]]),
-                                        np.stack([self.draft_times.features(batch, *o) for o in allowed[1:]]))
-        return self._option_rows[batch]
+    def _priced_options(self, batch: int, room: int | None) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
+        """The options allowed at this batch size and room (plain decoding first), plain decoding's feature
+        row and the speculative options' verify and draft feature rows, built once per size and room
+        (a drain revisits each)."""
+        room = None if room is None or room > self.max_k else room  # the last steps of a call: only k < room
+        if (batch, room) not in self._option_rows:
+            allowed = [o for o in self.options if self._allowed(o, batch) and (room is None or o[0] < room)]
+            self._option_rows[batch, room] = (allowed, plain_features(batch)[None],
+                                              np.stack([self.verify_times.features(batch, *o) for o in allowed[1:]]),
+                                              np.stack([self.draft_times.features(batch, *o) for o in allowed[1:]]))
+        return self._option_rows[batch, room]
 
     def _expected_curves(self) -> list[list[float]]:
         """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring). Plain Python: at
@@ -310,15 +324,21 @@ class SpeculationController:
         if kept_tokens:
             self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
-        if k:
-            self._plain_hold = None
-            self.verify_times.add(batch, k, seconds - draft_seconds, width)
-            self.draft_times.add(batch, k, draft_seconds, width)
-        else:
-            self.plain_times.add(batch, 0, seconds)
         self.off_streak = self.off_streak + 1 if k == 0 else 0
-        self.on_streak = self.on_streak + 1 if k else 0
-        self.samples[(k, width)][batch.bit_length()] += 1
+        if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`)
+            self.holding, self._last_k = False, 0
+            return
+        after_speculation, self._last_k = self._last_k > 0, k
+        self.verify_times.add(batch, k, seconds - draft_seconds, width)
+        if k:
+            self._plain_holds.clear()
+            self.draft_times.add(batch, k, draft_seconds, width)
+            self.on_streak += 1
+        elif not after_speculation:  # not right after a draft's pass (module docstring)
+            self.plain_times.add(batch, 0, seconds)
+            self.on_streak = 0
+        if k or not after_speculation:
+            self.samples[(k, width)][batch.bit_length()] += 1
         if k:
             self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
                                                            self.refresh_weight if self.refreshing else None)
