@@ -24,25 +24,23 @@ it prices too high are run, and their counts replace the borrowed prior.
 """
 from __future__ import annotations
 
-import numpy as np
-
 
 class AcceptanceEstimate:
     def __init__(self, depth: int, prior: float, smoothing: float = 0.1, prior_rows: float = 0.0):
         """`prior`: the conditional acceptance assumed at every position before any observation, held
         with the weight of `prior_rows` rows (0: the first observation of a position replaces it)."""
         self.prior, self.smoothing = prior, smoothing
-        self.trials = np.zeros(depth)  # decayed counts of observed rows
-        self.accepted = np.zeros(depth)
-        self.prior_weight = np.full(depth, float(prior_rows))  # decayed with the counts
+        self.trials = [0.0] * depth  # decayed counts of observed rows (plain lists: the controller updates them
+        self.accepted = [0.0] * depth  # every speculative step, and numpy's per-call cost would be most of it)
+        self.prior_weight = [float(prior_rows)] * depth  # decayed with the counts
         self._update_prefix()
 
     def _update_prefix(self) -> None:
-        conditional, prior = [], self.prior
+        self.prefix, prior, product = [], self.prior, 1.0
         for trials, accepted, weight in zip(self.trials, self.accepted, self.prior_weight):
             prior = (accepted + weight * prior) / (trials + weight) if trials + weight > 0 else prior
-            conditional.append(prior)  # ... and the prior of the next position
-        self.prefix = np.cumprod(conditional).tolist()
+            product *= prior  # prior: this position's conditional, and the prior of the next
+            self.prefix.append(product)
 
     def expected(self, k: int) -> float:
         """Expected accepted drafts among the first k: sum of prefix[:k]."""

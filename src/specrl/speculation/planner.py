@@ -91,8 +91,8 @@ def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None
     """The index of the option with the most expected tokens per second (`tokens[i] / seconds[i]`; the first on a
     tie). With `plain` (the index of plain decoding): that option unless the best rate beats its rate by
     `min_gain`, so a speculative option is taken only where it is predicted to pay."""
-    rate = np.asarray(tokens, dtype=float) / np.maximum(np.asarray(seconds, dtype=float), 1e-9)
-    best = int(rate.argmax())
+    rate = [t / max(float(s), 1e-9) for t, s in zip(tokens, seconds)]  # a few options: plain Python is cheaper
+    best = rate.index(max(rate))
     if plain is not None and rate[best] < min_gain * rate[plain]:
         return plain
     return best
@@ -158,6 +158,11 @@ class StepTimeModel:
             scale = np.trace(self.xtx) or 1.0
             self._theta = np.linalg.solve(self.xtx + self.ridge * scale * self._eye, self.xty)
         return self._theta
+
+    @property
+    def fitted(self) -> bool:
+        """Whether any step was added."""
+        return bool(self.xty.any())
 
     def predict(self, batch: int, k: int, width: int = 1) -> float:
         return float(self.predict_rows(self.features(batch, k, width)[None])[0])
@@ -239,6 +244,22 @@ class SpeculationController:
             self._explored.add(option)  # counts only grow: explored for good
         return option == (0, 1) and not seen[batch.bit_length()]
 
+    def _could_pay(self, option: tuple[int, int], batch: int, room: int | None) -> bool:
+        """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
+        accepted (its rate's upper bound, under the fitted costs); true until plain steps were fitted.
+        Exploring or refreshing one that could not costs a step and teaches nothing this batch can use:
+        on `tiny`, exploring k = 3..7 at batch 64 cost 55 ms, ~50 plain steps."""
+        if not self.plain_times.fitted:
+            return True
+        allowed, plain_x, verify_x, draft_x = self._priced_options(batch, room)
+        row = allowed.index(option) - 1  # the feature rows leave out plain decoding
+        seconds = self.verify_times.predict_rows(verify_x[row:row + 1]) + \
+            self.draft_times.predict_rows(draft_x[row:row + 1])
+        go_on = 1.0 - self.stop_rate
+        best_tokens = sum(go_on ** j for j in range(option[0] + 1))
+        return best_tokens / max(float(seconds[0]), 1e-9) >= \
+            self.min_gain / max(float(self.plain_times.predict_rows(plain_x)[0]), 1e-9)
+
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
         return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
@@ -250,20 +271,21 @@ class SpeculationController:
             return self.max_k, self.fixed_width
         if room is not None and room <= 1:  # no draft could be kept
             return 0, 1
-        refresh_k = min(self.max_k, self.refresh_k)
-        if self.off_streak >= self.refresh_wait and (room is None or refresh_k < room):
-            self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
-            self.refreshing = True
-            return refresh_k, 1
         if self._plain_holds.get(batch):  # priced here lately, and plain decoding chosen
             self._plain_holds[batch] -= 1
             self.holding = True
             return 0, 1
+        refresh = min(self.max_k, self.refresh_k), 1
+        if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
+                and self._could_pay(refresh, batch, room):
+            self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
+            self.refreshing = True
+            return refresh
         if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
             allowed = self._priced_options(batch, room)[0]
             firsts = [o for o in ((self.max_k, 1), (0, 1)) if o in allowed]
             for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch):
+                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room)):
                     return option
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return 0, 1  # the first after a speculative step is not measured (`observe`)
