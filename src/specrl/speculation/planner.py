@@ -63,14 +63,19 @@ every option in each power-of-two range of a draining batch of 64 made most spec
 steps exploratory (eagle3 0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted
 models carry costs across batch sizes, and every step run at a new size corrects them;
 k = 0 still runs once in each new power-of-two range, which costs nothing over plain
-decoding and anchors that range's cost. While speculation is off the
+decoding and anchors that range's cost. Once k = max_k and k = 0 have run, an option is explored
+only at a batch where it could beat plain decoding if every draft were accepted (`_could_pay`:
+its verify pass priced as a plain step over as many tokens); elsewhere it waits for a batch where
+it could. While speculation is off the
 acceptance estimate cannot move, so after `refresh_every` steps in a row with k = 0 a step
 runs k = min(max_k, refresh_k) once (a refresh): a draft that got better (or siblings that now agree) is
 noticed. A refresh moves the acceptance estimate by `refresh_weight`, not `smoothing`, so one
 refresh is enough to notice. Each refresh that leaves speculation off doubles the wait for the
 next, up to `refresh_max` steps; speculating again resets it. So a draft that never pays costs
 a refresh per `refresh_every` steps at first and ever fewer later (on `tiny`, where a refresh
-step costs 3-4 plain steps, one per 32 cost ~10%). Because
+step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only where it could pay.
+Where pricing chose plain decoding, the next `reprice_every` - 1 steps at that batch size decode
+plainly without pricing (and without fitting). Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
 than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
 costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
@@ -244,21 +249,25 @@ class SpeculationController:
             self._explored.add(option)  # counts only grow: explored for good
         return option == (0, 1) and not seen[batch.bit_length()]
 
-    def _could_pay(self, option: tuple[int, int], batch: int, room: int | None) -> bool:
+    def _could_pay(self, option: tuple[int, int], batch: int) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
-        accepted (its rate's upper bound, under the fitted costs); true until plain steps were fitted.
-        Exploring or refreshing one that could not costs a step and teaches nothing this batch can use:
-        on `tiny`, exploring k = 3..7 at batch 64 cost 55 ms, ~50 plain steps."""
+        accepted; true until plain steps were fitted. Its drafts are priced by the draft fit and its
+        verify pass as a plain step over as many tokens, B (1 + w k) rows (the same projections over as
+        many tokens), once plain steps in two batch ranges pin the plain fit's slope; before that as
+        one plain step over B, which it costs at least. Both are measured directly, where the verify
+        model's price for an option not yet run is an extrapolation: from k = max_k at batch 32 it
+        priced every k at batch 1 too dear to try, and a GRPO run on SmolLM2 never speculated in its
+        drains' tails. Exploring or refreshing an option that could not pay costs a step and teaches
+        nothing this batch can use: on `tiny`, exploring k = 3..7 at batch 64 cost 55 ms, ~50 plain
+        steps."""
         if not self.plain_times.fitted:
             return True
-        allowed, plain_x, verify_x, draft_x = self._priced_options(batch, room)
-        row = allowed.index(option) - 1  # the feature rows leave out plain decoding
-        seconds = self.verify_times.predict_rows(verify_x[row:row + 1]) + \
-            self.draft_times.predict_rows(draft_x[row:row + 1])
+        k, width = option
+        tokens = batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch
+        seconds = self.plain_times.predict(tokens, 0) + self.draft_times.predict(batch, k, width)
         go_on = 1.0 - self.stop_rate
-        best_tokens = sum(go_on ** j for j in range(option[0] + 1))
-        return best_tokens / max(float(seconds[0]), 1e-9) >= \
-            self.min_gain / max(float(self.plain_times.predict_rows(plain_x)[0]), 1e-9)
+        best_tokens = sum(go_on ** j for j in range(k + 1))
+        return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
@@ -277,7 +286,7 @@ class SpeculationController:
             return 0, 1
         refresh = min(self.max_k, self.refresh_k), 1
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
-                and self._could_pay(refresh, batch, room):
+                and self._could_pay(refresh, batch):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             self.refreshing = True
             return refresh
@@ -285,7 +294,7 @@ class SpeculationController:
             allowed = self._priced_options(batch, room)[0]
             firsts = [o for o in ((self.max_k, 1), (0, 1)) if o in allowed]
             for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room)):
+                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)):
                     return option
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return 0, 1  # the first after a speculative step is not measured (`observe`)
