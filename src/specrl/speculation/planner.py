@@ -56,14 +56,16 @@ kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows str
 weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
 would overprice the k in between; each k's own offset is learned instead.
 
-Exploration: k = max_k and k = 0 are run until `min_samples` steps have run with each,
-and every other option (k in between, trees) once, over the controller's life, not per
-batch size. On `tiny`, where a draft's forward costs as much as the target's, re-exploring
-every option in each power-of-two range of a draining batch of 64 made most speculative
-steps exploratory (eagle3 0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted
+Exploration: k = 0 runs `min_samples` steps, then k = 1 once (the cheapest draft: with the plain
+steps it starts the fits that bound every other option, `_could_pay`), then every other option
+(k in between, trees) once and k = max_k `min_samples` times, over the controller's life, not per
+batch size. Starting with k = max_k cost a GRPO run on SmolLM2 two k = 8 steps at 32 and 24 live
+rows, 2.3 s of a 20 s rollout budget (its first step ran at 174 against ~215 tokens/s). On
+`tiny`, where a draft's forward costs as much as the target's, re-exploring every option in each
+power-of-two range of a draining batch of 64 made most speculative steps exploratory (eagle3 0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted
 models carry costs across batch sizes, and every step run at a new size corrects them;
 k = 0 still runs once in each new power-of-two range, which costs nothing over plain
-decoding and anchors that range's cost. Once k = max_k and k = 0 have run, an option is explored
+decoding and anchors that range's cost. Once k = 0 and k = 1 have run, an option is explored
 only at a batch where it could beat plain decoding if every draft were accepted (`_could_pay`:
 its verify pass priced as a plain step over as many tokens); elsewhere it waits for a batch where
 it could. While speculation is off the
@@ -185,7 +187,7 @@ class SpeculationController:
     prior_acceptance: float = 0.7  # per-position acceptance assumed before any draft is verified
     prior_rows: float = 10.0  # the prior weighs as much as this many observed rows (1 / smoothing: at batch 1,
     # as much as the counts can hold)
-    min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the model is trusted
+    min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the fits are trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
     plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters)
@@ -292,7 +294,8 @@ class SpeculationController:
             return refresh
         if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
             allowed = self._priced_options(batch, room)[0]
-            firsts = [o for o in ((self.max_k, 1), (0, 1)) if o in allowed]
+            firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
+            # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
                 if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)):
                     return option
