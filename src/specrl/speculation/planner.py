@@ -265,8 +265,8 @@ class SpeculationController:
         if not self.plain_times.fitted:
             return True
         k, width = option
-        tokens = batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch
-        seconds = self.plain_times.predict(tokens, 0) + self.draft_times.predict(batch, k, width)
+        rows = batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch
+        seconds = self.plain_times.predict(rows, 0) + self.draft_times.predict(batch, k, width)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
