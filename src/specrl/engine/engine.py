@@ -236,7 +236,8 @@ class RolloutEngine:
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size
         step_start = time.perf_counter()
-        room = call.params.max_tokens - int((batch.num_tokens - batch.prompt_len).min())
+        speculating = self.controller.max_k > 0  # else nothing reads the controller's fits: it is not fed
+        room = call.params.max_tokens - int((batch.num_tokens - batch.prompt_len).min()) if speculating else None
         k, width = self.controller.choose_step(B, room)
         tree = TreeShape(width, k) if width > 1 else None
         proposal, draft_seconds = self._propose(batch, call, k, width)
@@ -256,8 +257,9 @@ class RolloutEngine:
         call.steps += 1
         done, stopped, kept = self._apply_stop_rules(batch, emitted, num_emitted, call)
         step_seconds = time.perf_counter() - step_start
-        self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
-                                kept_tokens=kept, stopped_rows=int(stopped.sum()))
+        if speculating:
+            self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
+                                    kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         if done.any():
