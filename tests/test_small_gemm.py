@@ -7,7 +7,10 @@ Chain of invariants:
     Projection, fast path    == Projection, eager, bias included;
     int8 kernel(x, W)        == x @ (q * scale)^T, the dequantized weights, to fp32 rounding, and is batch-invariant
                                 like the fp32 kernel; quantize_int8 rounds each row to within half a step;
-    Int8Projection, fast     == Int8Projection, eager (the dequantized weights through MKL);
+    VNNI kernel(x, W)        == quantize_activations(x) @ (q * scale)^T likewise; quantize_activations rounds each
+                                group of 16 along K to within half its step (max |x| / 127);
+    Int8Projection, fast     == Int8Projection, eager (the dequantized weights through MKL), of the VNNI kernel's
+                                rounded activations where the kernel is VNNI;
     a kernel that cannot run  warns once with the reason and the engine runs eager.
 """
 from __future__ import annotations
@@ -124,7 +127,8 @@ def test_every_int8_kernel_equals_a_matmul_with_the_dequantized_weights(kernel, 
     w, b = torch.randn(out_features, in_features, generator=generator), torch.randn(out_features, generator=generator)
     projection = Int8Projection(Projection(w, b, fast=True), kernel)
     assert projection.kernel == kernel
-    expected = (x.double() @ projection.dequantized().double().T + b.double()).float()
+    applied = small_gemm.quantize_activations(x) if kernel == "vnni" else x
+    expected = (applied.double() @ projection.dequantized().double().T + b.double()).float()
     torch.testing.assert_close(projection(x), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -146,18 +150,37 @@ def test_every_int8_kernels_rows_do_not_depend_on_the_other_rows_or_the_threads(
 
 def test_the_default_int8_kernel_is_the_first_this_cpu_runs():
     kernels = int8_kernels()
-    assert kernels[0] == ("avx2" if small_gemm.avx512_unavailable() else "avx512")
+    missing = {"vnni": small_gemm.vnni_unavailable(), "avx512": small_gemm.avx512_unavailable(), "avx2": ""}
+    assert kernels == tuple(name for name, why in missing.items() if not why)
     assert Int8Projection(Projection(torch.randn(16, 8), fast=True)).kernel == kernels[0]
     assert Int8Projection(Projection(torch.randn(16, 8))).kernel == "eager"
 
 
+@pytest.mark.parametrize("kernel", int8_kernels())
 @pytest.mark.parametrize("rows", [1, 4, 200])
-def test_fast_and_eager_int8_projections_agree_bias_included(rows):
+def test_fast_and_eager_int8_projections_agree_bias_included(rows, kernel):
     w, b = torch.randn(30, 16), torch.randn(30)
     x = torch.randn(2, rows, 16)
-    fast, eager = Int8Projection(Projection(w, b, fast=True)), Int8Projection(Projection(w, b))
-    assert fast.packed is not None and eager.packed is None
-    torch.testing.assert_close(fast(x), eager(x), rtol=1e-5, atol=1e-5)
+    fast, eager = Int8Projection(Projection(w, b, fast=True), kernel), Int8Projection(Projection(w, b))
+    assert fast.packed is not None and eager.packed is None and eager.kernel == "eager"
+    applied = small_gemm.quantize_activations(x) if kernel == "vnni" else x
+    torch.testing.assert_close(fast(x), eager(applied), rtol=1e-5, atol=1e-5)
+
+
+def test_quantize_activations_rounds_each_group_of_16_to_its_own_step():
+    x = torch.zeros(2, 35)
+    x[0, :16] = torch.tensor([-127, -100, -64, -50, -3, -1, 0, 1, 2, 5, 17, 33, 64, 90, 126, 127]) / 64  # step 1/64:
+    # every value a whole number of steps, kept exactly
+    x[0, 16:32] = 0.0                           # an all-zero group stays zero (scale 1)
+    x[0, 32:] = torch.tensor([127.0, 0.4, -0.6])  # the last group, padded: step 1, so 0.4 -> 0 and -0.6 -> -1
+    x[1] = torch.randn(35)
+    y = small_gemm.quantize_activations(x)
+    torch.testing.assert_close(y[0, :16], x[0, :16])
+    assert torch.equal(y[0, 16:32], torch.zeros(16))
+    assert torch.equal(y[0, 32:], torch.tensor([127.0, 0.0, -1.0]))
+    for start in (0, 16, 32):  # a random row: within half a step of itself, the step its group's max |x| / 127
+        group = x[1, start:start + 16]
+        assert (y[1, start:start + 16] - group).abs().max() <= group.abs().max() / 127 / 2 * (1 + 1e-6)
 
 
 def test_an_int8_kernel_this_cpu_cannot_run_is_refused_by_name():

@@ -15,7 +15,7 @@
 //   h   = rms_norm(x) * mlp_norm
 //   x  += (silu(h Wgate^T) * h Wup^T) Wdown^T
 //
-// Every projection goes through small_gemm.cpp's kernels (fp32 or int8 weights, blocks of 8 or 16). Each
+// Every projection goes through small_gemm.cpp's kernels (fp32 or int8 weights, blocks of 8 or 16, or VNNI's). Each
 // row's result is computed by the same operations in the same order whatever the other rows: norms and
 // RoPE per row, attention per (row, head) over keys in order, the kernels batch-invariant. So a row's
 // logits stay the same bit for bit whether it is decoded alone or verified with drafts, as on the PyTorch
@@ -33,12 +33,15 @@ extern "C" int specrl_small_gemm_int8(const float* x, const int8_t* wp, const fl
                                       int K, int threads);
 extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, const float* scale, float* y, int M,
                                              int N16, int K, int threads);
+extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16,
+                                      int K, int threads);
 
-// A packed projection: small_gemm's [n_blocks][in][block] fp32 (scales null) or int8 with [block * n_blocks] scales.
+// A packed projection: small_gemm's [n_blocks][in][block] fp32 (scales null) or int8 with [block * n_blocks] scales,
+// or (vnni = 1) the VNNI kernel's uint8 layout.
 struct Weight {
     const void* packed;
     const float* scales;
-    int n_blocks, block;
+    int n_blocks, block, vnni;
 };
 
 struct Layer {
@@ -61,6 +64,8 @@ static void project(const Weight& w, const float* x, float* y, int M, int K, int
     if (w.scales == nullptr) {
         if (w.block == 16) specrl_small_gemm_avx512(x, (const float*)w.packed, y, M, w.n_blocks, K, threads);
         else specrl_small_gemm(x, (const float*)w.packed, y, M, w.n_blocks, K, threads);
+    } else if (w.vnni) {
+        specrl_small_gemm_vnni(x, (const uint8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
     } else {
         if (w.block == 16) specrl_small_gemm_int8_avx512(x, (const int8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
         else specrl_small_gemm_int8(x, (const int8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);

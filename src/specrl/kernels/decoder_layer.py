@@ -24,14 +24,15 @@ _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 class _Weight(ctypes.Structure):
-    _fields_ = [("packed", _p), ("scales", _p), ("n_blocks", _i), ("block", _i)]
+    _fields_ = [("packed", _p), ("scales", _p), ("n_blocks", _i), ("block", _i), ("vnni", _i)]
 
 
 def _weight(projection) -> _Weight:
-    """A packed `Projection` or `Int8Projection` (fp32 weights when it has no `scales`)."""
+    """A packed `Projection` or `Int8Projection` (fp32 weights when it has no `scales`; uint8 ones for VNNI)."""
     packed = projection.packed
     scales = getattr(projection, "scales", None)
-    return _Weight(packed.data_ptr(), None if scales is None else scales.data_ptr(), packed.shape[0], packed.shape[2])
+    return _Weight(packed.data_ptr(), None if scales is None else scales.data_ptr(), packed.shape[0], packed.shape[2],
+                   int(packed.dtype == torch.uint8))
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:

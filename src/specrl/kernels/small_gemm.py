@@ -20,10 +20,18 @@ to fp32 in registers; the fp32 FMA chain, so batch-invariant too):
     packed, scales = pack_int8(q, scale, block=16) -> int8 [ceil(N/16), K, 16], fp32 [16 * ceil(N/16)]
     y = matmul(x, packed, N, scales=scales)        (the block size picks the kernel)
 
-(int8 activations too, by AVX-512 VNNI, measured faster, 0.27 of the fp32 pass against 0.34, and a
-coarser draft, accepted 0.889 against 0.961 on SmolLM2: it lost in the engine, docs/drafters.md. int16
-activations by VNNI's vpdpwssd, weights widened to int16 two k at a time, measured 7.8 ms at M = 1 against
-this path's 8.6, and slower from M = 4 on (13.3 against 12.3 ms; SmolLM2, 1 thread): not kept.)
+int8 activations too (AVX-512 VNNI, where `vnni_unavailable()` is ""): each row of x quantized in groups of
+16 along K (one fp32 scale per group, `quantize_activations`), multiplied by int8 weights 64 pairs per
+instruction; no widening, so it streams faster:
+
+    packed, scales = pack_vnni(q, scale)           -> uint8 [ceil(N/16), K16, 16] (K16 = K rounded up to 16;
+                                                      q + 128, grouped as the .cpp says), fp32 [16 * ceil(N/16)]
+    y = matmul(x, packed, N, scales=scales)        ~ quantize_activations(x) (q * scale)^T (the uint8 picks it)
+
+(One activation scale per row instead of per group of 16 cost the draft's acceptance 0.889 against 0.961 on
+SmolLM2, and lost in the engine (docs/drafters.md). int16 activations by VNNI's vpdpwssd, weights widened to
+int16 two k at a time, measured 7.8 ms at M = 1 against the widening path's 8.6, and slower from M = 4 on
+(13.3 against 12.3 ms; SmolLM2, 1 thread): not kept.)
 
 Where the library comes from, in order: the copy `make` builds next to the source
 (`python -m specrl.kernels.small_gemm`), or one built on first use into the user's cache
@@ -98,10 +106,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     for fp32 in (lib.specrl_small_gemm, lib.specrl_small_gemm_avx512):
         fp32.argtypes = [p, p, p, i, i, i, i]
         fp32.restype = i
-    lib.specrl_small_gemm_int8.argtypes = [p, p, p, p, i, i, i, i]
-    lib.specrl_small_gemm_int8.restype = i
-    lib.specrl_small_gemm_int8_avx512.argtypes = [p, p, p, p, i, i, i, i]
-    lib.specrl_small_gemm_int8_avx512.restype = i
+    for int8 in (lib.specrl_small_gemm_int8, lib.specrl_small_gemm_int8_avx512, lib.specrl_small_gemm_vnni):
+        int8.argtypes = [p, p, p, p, i, i, i, i]
+        int8.restype = i
     lib.specrl_decoder_layer.argtypes = [p, p, p, p, p]
     lib.specrl_decoder_layer.restype = i
     return lib, ""
@@ -118,6 +125,14 @@ def avx512_unavailable() -> str:
     if lib is None:
         return why
     return "" if lib.specrl_small_gemm_avx512_supported() else "this CPU lacks AVX-512 (F, BW)"
+
+
+def vnni_unavailable() -> str:
+    """Why the int8 x int8 path (AVX-512 VNNI) cannot run here ("" when it can)."""
+    lib, why = _library()
+    if lib is None:
+        return why
+    return "" if lib.specrl_small_gemm_vnni_supported() else "this CPU lacks AVX-512 VNNI (F, BW, VNNI)"
 
 
 def _blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
@@ -159,9 +174,43 @@ def pack_int8(q: torch.Tensor, scale: torch.Tensor, block: int = 8) -> tuple[tor
     return packed, scales
 
 
+VNNI_GROUP = 6  # blocks of 16 outputs whose bytes the VNNI kernel interleaves (its tiles' width)
+
+
+def pack_vnni(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], fp32 [N]) -> (uint8 [ceil(N/16), K16, 16], fp32 [16 * ceil(N/16)]) for the VNNI kernel:
+    q + 128, K padded with q = 0 to K16 (a multiple of 16); each run of VNNI_GROUP blocks stored as
+    [K16 / 4][blocks][16][4] (per 4 k, the blocks' 16 outputs x 4 k side by side). Padded outputs have scale 0."""
+    N, K = q.shape
+    K16 = -(-K // 16) * 16
+    padded = torch.zeros(N, K16, dtype=torch.int16)
+    padded[:, :K] = q
+    blocks = _blocks((padded + 128).to(torch.uint8), 16)  # [N16, K16, 16] (padded outputs: 0, times scale 0)
+    n16 = blocks.shape[0]
+    fours = blocks.view(n16, K16 // 4, 4, 16).transpose(2, 3)  # [N16, K16/4, 16, 4]
+    groups = [fours[b:b + VNNI_GROUP].transpose(0, 1).reshape(-1) for b in range(0, n16, VNNI_GROUP)]
+    packed = torch.cat(groups).view(n16, K16, 16)
+    scales = torch.zeros(n16 * 16, dtype=torch.float32)
+    scales[:N] = scale
+    return packed, scales
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """The VNNI kernel's rounding of x [..., K], dequantized: each row in groups of 16 along K (the last one
+    zero-padded), scale = max |x| / 127 per group (1 where the group is 0), round(x / scale) * scale."""
+    K = x.shape[-1]
+    K16 = -(-K // 16) * 16
+    groups = torch.nn.functional.pad(x.float(), (0, K16 - K)).reshape(*x.shape[:-1], K16 // 16, 16)
+    scale = groups.abs().amax(-1, keepdim=True) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    rounded = torch.round(groups / scale).clamp_(-127, 127) * scale
+    return rounded.reshape(*x.shape[:-1], K16)[..., :K]
+
+
 def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32); given the `scales` of
-    `pack_int8`, `packed` holds int8 weights in blocks of 8 (the AVX2 kernel) or 16 (AVX-512) and W = q * scale."""
+    `pack_int8`, `packed` holds int8 weights in blocks of 8 (the AVX2 kernel) or 16 (AVX-512) and W = q * scale;
+    given those of `pack_vnni` (uint8), x is rounded by `quantize_activations` too."""
     lib = _library()[0]
     K = x.shape[-1]
     N_blocks, block = packed.shape[0], packed.shape[2]
@@ -172,6 +221,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: tor
     if scales is None:
         kernel = lib.specrl_small_gemm_avx512 if block == 16 else lib.specrl_small_gemm
         kernel(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), *args)
+    elif packed.dtype == torch.uint8:
+        lib.specrl_small_gemm_vnni(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)
     else:
         kernel = lib.specrl_small_gemm_int8_avx512 if block == 16 else lib.specrl_small_gemm_int8
         kernel(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)

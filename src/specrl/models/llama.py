@@ -67,22 +67,25 @@ class Projection:
 
 
 def int8_kernels() -> tuple[str, ...]:
-    """The int8 kernels this CPU runs, fastest first (the one `Int8Projection` uses by default): `avx512`
-    (int8 weights widened to fp32 16 at a time) where the CPU has AVX-512, and `avx2` (8 at a time)
-    wherever the fast path runs."""
+    """The int8 kernels this CPU runs, the default first (the one `Int8Projection` uses unless told):
+    `vnni` (int8 activations in groups of 16 by int8 weights) where the CPU has AVX-512 VNNI, `avx512`
+    (int8 weights widened to fp32 16 at a time, fp32 activations) where it has AVX-512, and `avx2`
+    (8 at a time) wherever the fast path runs."""
     if small_gemm.unavailable():
         return ()
-    return ("avx512", "avx2") if not small_gemm.avx512_unavailable() else ("avx2",)
+    return tuple(name for name, why in (("vnni", small_gemm.vnni_unavailable()),
+                                        ("avx512", small_gemm.avx512_unavailable()), ("avx2", "")) if not why)
 
 
 class Int8Projection:
     """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
     `small_gemm.quantize_int8`), for the int8 self-draft.
 
-    kernel  None: the first of `int8_kernels()`; `avx512` / `avx2`: activations stay fp32 and each int8
-            weight is widened in registers, so a pass streams a quarter of fp32's bytes at every M (there is
-            no int8 MKL path to hand large M to). Without the fast path the rounded weights are applied
-            dequantized: the same values to fp32 rounding, so the same draft either way.
+    kernel  None: the first of `int8_kernels()`; `vnni`: each row of x rounded to int8 in groups of 16 along K
+            too (`small_gemm.quantize_activations`) and multiplied in integers; `avx512` / `avx2`: activations
+            stay fp32 and each int8 weight is widened in registers. Each streams a quarter of fp32's bytes at
+            every M (there is no int8 MKL path to hand large M to). `eager`, and wherever the fast path is
+            off: the rounded weights applied dequantized to fp32 activations, the `avx512` / `avx2` draft.
     """
 
     def __init__(self, projection: Projection, kernel: str | None = None):
@@ -93,7 +96,9 @@ class Int8Projection:
         self.kernel, self.bias = kernel, projection.bias
         self.q, self.scale = small_gemm.quantize_int8(projection.weight)  # [out, in] int8, [out] fp32
         self.packed = self.scales = self.weight_t = None
-        if kernel != "eager":  # [ceil(out/block), in, block] int8, [block * ceil(out/block)] fp32
+        if kernel == "vnni":  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)] fp32
+            self.packed, self.scales = small_gemm.pack_vnni(self.q, self.scale)
+        elif kernel != "eager":  # [ceil(out/block), in, block] int8, [block * ceil(out/block)] fp32
             self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale, block=16 if kernel == "avx512" else 8)
         else:
             self.weight_t = self.dequantized().t().contiguous()  # [in, out] fp32
