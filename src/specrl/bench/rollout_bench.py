@@ -1,7 +1,7 @@
 """Rollout benchmark: speculation off vs on (and transformers `generate`), alternating in one process.
 
-Each round runs the same prompts through every variant, in turn, with the same seeds (one per
-call); tokens per second are the generated tokens over the wall time of the round's calls,
+Each round runs the same prompts through every variant, call by call in turn, with the same seeds (one
+per call); tokens per second are the generated tokens over the wall time of the round's calls,
 and the reported figure is the median over rounds (these machines are noisy;
 `speedup_per_round` shows the spread). At temperature 1 the two variants sample different
 responses, so their lengths differ and so does how the batch drains (`mean_response_tokens` and
@@ -218,10 +218,13 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         params = [SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
                                  seed=config.seed + 1 + r * calls + c, ignore_eos=config.ignore_eos)
                   for c in range(calls)]
-        for name, backend in variants:
-            results = [backend.generate(chunk, p) for chunk, p in zip(chunks, params)]
-            runs[name] += results
-            rates[name].append(sum(x.num_tokens for x in results) / sum(x.seconds for x in results))
+        results = {name: [] for name, _ in variants}
+        for chunk, p in zip(chunks, params):  # call by call, each variant in turn: a few seconds of the machine
+            for name, backend in variants:  # being busy elsewhere slow one call of each, not one variant's round
+                results[name].append(backend.generate(chunk, p))
+        for name, done in results.items():
+            runs[name] += done
+            rates[name].append(sum(x.num_tokens for x in done) / sum(x.seconds for x in done))
         if hf is not None:
             timed = [hf.timed([p for p in chunk for _ in range(config.n)], call)
                      for chunk, call in zip(chunks, params)]
