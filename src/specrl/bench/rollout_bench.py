@@ -220,7 +220,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
                   for c in range(calls)]
         results = {name: [] for name, _ in variants}
         for chunk, p in zip(chunks, params):  # call by call, each variant in turn: a few seconds of the machine
-            for name, backend in variants:  # being busy elsewhere slow one call of each, not one variant's round
+            for name, backend in variants:  # being busy elsewhere slow one call of each, not a variant's half
                 results[name].append(backend.generate(chunk, p))
         for name, done in results.items():
             runs[name] += done

@@ -15,11 +15,12 @@
 //   h   = rms_norm(x) * mlp_norm
 //   x  += (silu(h Wgate^T) * h Wup^T) Wdown^T
 //
-// Every projection goes through small_gemm.cpp's kernels (fp32 or int8 weights, blocks of 8 or 16, or VNNI's). Each
-// row's result is computed by the same operations in the same order whatever the other rows: norms and
-// RoPE per row, attention per (row, head) over keys in order, the kernels batch-invariant. So a row's
-// logits stay the same bit for bit whether it is decoded alone or verified with drafts, as on the PyTorch
-// path, whose results these equal to fp32 rounding (tests/test_decoder_layer.py).
+// Every projection goes through small_gemm.cpp's kernels (fp32 or int8 weights, blocks of 8 or 16, or the
+// VNNI kernel's int8 x int8). Each row's result is computed by the same operations in the same order whatever
+// the other rows: norms and RoPE per row, attention per (row, head) over keys in order, the kernels
+// batch-invariant. So a row's logits stay the same bit for bit whether it is decoded alone or verified with
+// drafts, as on the PyTorch path, whose results these equal to fp32 rounding (to about one activation step
+// on VNNI, which rounds each projection's input; tests/test_decoder_layer.py).
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
