@@ -1,8 +1,9 @@
 """The int8 self-draft: the policy drafts for itself with its weights rounded to int8.
 
 The draft is the target's own network (`LlamaModel.int8_copy`): every projection and the LM head
-rounded to int8 per output row (symmetric, fp32 scale), embeddings and norms shared, activations
-fp32. It drafts like any draft model (`DraftModelProposer`: sampled from q at the
+rounded to int8 per output row (symmetric, fp32 scale), embeddings and norms shared; activations
+rounded to int8 too, in groups of 16, where the CPU has AVX-512 VNNI (the `vnni` kernel), else fp32.
+It drafts like any draft model (`DraftModelProposer`: sampled from q at the
 call's temperature, top-k and top-p) and goes through the same exact verifier, so the rollouts keep
 the policy's distribution exactly; the rounding only costs acceptance.
 
