@@ -61,6 +61,10 @@ def main() -> None:
                              "and eager); default: the one the self-draft uses")
     args = parser.parse_args()
     kernels = args.kernels.split(",") if args.kernels else [None]
+    unknown = [k for k in kernels if k is not None and k not in int8_kernels() + ("eager",)]
+    if unknown:  # before the responses are sampled, not after
+        parser.error(f"--kernels: {', '.join(unknown)} cannot run here; this CPU runs "
+                     f"{', '.join(int8_kernels() + ('eager',))}")
     torch.set_num_threads(args.threads)
     backend = make_backend(BackendConfig(model=args.model))
     tokenizer, model = backend.tokenizer, backend.engine.model

@@ -62,8 +62,8 @@ steps it starts the fits that bound every other option, `_could_pay`), then ever
 batch size. Starting with k = max_k cost a GRPO run on SmolLM2 two k = 8 steps at 32 and 24 live
 rows, 2.3 s of a 20 s rollout budget (its first step ran at 174 against ~215 tokens/s). On
 `tiny`, where a draft's forward costs as much as the target's, re-exploring every option in each
-power-of-two range of a draining batch of 64 made most speculative steps exploratory (eagle3 0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted
-models carry costs across batch sizes, and every step run at a new size corrects them;
+power-of-two range of a draining batch of 64 made most speculative steps exploratory (eagle3
+0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted models carry costs across batch sizes, and every step run at a new size corrects them;
 k = 0 still runs once in each new power-of-two range, which costs nothing over plain
 decoding and anchors that range's cost. Once k = 0 and k = 1 have run, an option is explored
 only at a batch where it could beat plain decoding if every draft were accepted (`_could_pay`:
