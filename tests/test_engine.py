@@ -85,6 +85,19 @@ def test_model_logits_match_transformers_with_incremental_cache(tmp_path, arch, 
 
 
 @PATHS
+def test_a_prefill_without_logits_fills_the_same_cache_and_skips_the_head(target_dir, fast):
+    model = LlamaModel.from_pretrained(target_dir, fast_path=fast)
+    ids = torch.randint(0, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    full, prefill = model.new_cache(2, 8), model.new_cache(2, 8)
+    logits, _ = model.forward(ids, full)
+    skipped, hidden = model.forward(ids, prefill, hidden_layers=(0, -1), logits=False)
+    assert logits.shape == (2, 7, model.cfg.vocab_size) and skipped is None
+    assert set(hidden) == {0, -1}  # the final norm still runs where a head reads it
+    for a, b in zip(full.keys + full.values, prefill.keys + prefill.values):
+        assert torch.equal(a, b)
+
+
+@PATHS
 def test_greedy_engine_matches_transformers_generate(target_dir, fast):
     import transformers
 

@@ -169,6 +169,7 @@ class RolloutEngine:
         prompts = encode_prompts(prompts, self.tokenizer, self.model.cfg.vocab_size)
         self._check_context(prompts, params)
         self.controller.use_sampling((params.temperature, params.top_p, params.top_k))
+        self.controller.start_call()
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model.cfg.eos_token_ids))
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(self.tokenizer.eos_token_id)
@@ -197,7 +198,7 @@ class RolloutEngine:
             tokens = batch.tokens.clamp_min(0)  # the junk past a row's end may be PAD (-1)
             batch.cache.lens.zero_()
             _, hidden = self.model.forward(tokens[:, : int(batch.num_tokens.max()) - 1], batch.cache,
-                                           hidden_layers=self.hidden_layers)
+                                           hidden_layers=self.hidden_layers, logits=False)
             batch.cache.lens = batch.num_tokens - 1
             if self.proposer is not None:
                 self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
@@ -217,7 +218,8 @@ class RolloutEngine:
         cache = self.model.new_cache(P, width)
         hidden = {}
         if int(lengths.max()) > 1:
-            _, hidden = self.model.forward(tokens[:, : int(lengths.max()) - 1], cache, hidden_layers=self.hidden_layers)
+            _, hidden = self.model.forward(tokens[:, : int(lengths.max()) - 1], cache, hidden_layers=self.hidden_layers,
+                                           logits=False)
         cache.lens = lengths - 1
         if self.proposer is not None:
             draft_start = time.perf_counter()

@@ -58,7 +58,7 @@ class DraftModelProposer(CallScopedState):
     def _prefill(self, context: ProposalContext) -> None:
         self.cache = self.model.new_cache(self.prefill.shape[0], context.tokens.shape[1])
         if self.prefill.shape[1]:
-            self.model.forward(self.prefill, self.cache)
+            self.model.forward(self.prefill, self.cache, logits=False)
         self.cache.select_rows(self.row_base)
         self.prefill = self.row_base = None
 

@@ -43,7 +43,9 @@ what plain steps cost and inferred it from the speculative ones (on `tiny` at ba
 controller never saw otherwise). While speculating, two plain steps run after every `refresh_every`
 speculative ones to keep that fit current; the first is not fitted, nor is any plain step right
 after a speculative one: the draft's pass leaves the caches colder than plain decoding finds them
-(on `tiny` at batch 8, 0.75 against 0.55 ms).
+(on `tiny` at batch 8, 0.75 against 0.55 ms). Nor is a call's first step fitted (`start_call`), on
+caches the prompt's prefill left cold (on `tiny` at batch 64, 1.6 against 1.1 ms): with speculation on,
+plain steps are few, and those first steps priced plain decoding dear enough that k = 1 ran and lost.
 P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
 the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
 each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
@@ -218,6 +220,7 @@ class SpeculationController:
         self.off_streak = 0  # consecutive steps run with k = 0
         self.on_streak = 0  # speculative steps since the last plain step measured
         self._last_k = 0  # the last step's k
+        self._first_of_call = False  # the next step is a call's first (`start_call`)
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
@@ -233,6 +236,10 @@ class SpeculationController:
                 for w in range(1, self.widest + 1)}
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
         self._plain_holds.clear()  # chosen under the last setting's acceptance
+
+    def start_call(self) -> None:
+        """A generate call begins: its first step is not fitted (module docstring)."""
+        self._first_of_call = True
 
     @property
     def widest(self) -> int:
@@ -359,20 +366,23 @@ class SpeculationController:
             self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
+        first, self._first_of_call = self._first_of_call, False
         if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`)
             self.holding, self._last_k = False, 0
             return
         after_speculation, self._last_k = self._last_k > 0, k
-        self.verify_times.add(batch, k, seconds - draft_seconds, width)
         if k:
             self._plain_holds.clear()
-            self.draft_times.add(batch, k, draft_seconds, width)
             self.on_streak += 1
-        elif not after_speculation:  # not right after a draft's pass (module docstring)
-            self.plain_times.add(batch, 0, seconds)
-            self.on_streak = 0
-        if k or not after_speculation:
-            self.samples[(k, width)][batch.bit_length()] += 1
+        if not first:  # a call's first step runs on caches the prompt's prefill left cold (module docstring)
+            self.verify_times.add(batch, k, seconds - draft_seconds, width)
+            if k:
+                self.draft_times.add(batch, k, draft_seconds, width)
+            elif not after_speculation:  # not right after a draft's pass (module docstring)
+                self.plain_times.add(batch, 0, seconds)
+                self.on_streak = 0
+            if k or not after_speculation:
+                self.samples[(k, width)][batch.bit_length()] += 1
         if k:
             self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
                                                            self.refresh_weight if self.refreshing else None)
