@@ -284,15 +284,15 @@ def test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_st
     assert len(priced) <= 64 // controller.reprice_every + 1
 
 
-def test_a_calls_first_step_is_not_fitted():
-    """The first step of a call runs on caches the prompt's prefill left cold (on `tiny` at batch 64, 1.6
-    against 1.1 ms); fitted, it priced plain decoding dear and turned on a k = 1 that lost."""
+def test_the_first_step_after_a_prefill_is_not_fitted():
+    """The first step after a prefill (each call's here) runs on caches the prefill left cold (on `tiny` at
+    batch 64, 1.6 against 1.1 ms); fitted, it priced plain decoding dear and turned on a k = 1 that lost."""
     controller = SpeculationController(max_k=2, prior_acceptance=0.95)
     plain = lambda b: 0.001 * (1 + b / 64)  # noqa: E731
     cost = lambda b, k: plain(b) * (1 + 1.3 * k) if k else plain(b)  # noqa: E731  tau(1) <= 2 < 2.3
     chosen = []
     for call in range(30):
-        controller.start_call()
+        controller.prefilled()
         for step in range(10):
             k = controller.choose(32)
             chosen.append(k)

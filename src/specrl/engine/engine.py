@@ -169,7 +169,6 @@ class RolloutEngine:
         prompts = encode_prompts(prompts, self.tokenizer, self.model.cfg.vocab_size)
         self._check_context(prompts, params)
         self.controller.use_sampling((params.temperature, params.top_p, params.top_k))
-        self.controller.start_call()
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model.cfg.eos_token_ids))
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(self.tokenizer.eos_token_id)
@@ -202,6 +201,7 @@ class RolloutEngine:
             batch.cache.lens = batch.num_tokens - 1
             if self.proposer is not None:
                 self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
+            self.controller.prefilled()
             call.weight_updates += 1
         call.weight_update_seconds += time.perf_counter() - start
 
@@ -221,6 +221,7 @@ class RolloutEngine:
             _, hidden = self.model.forward(tokens[:, : int(lengths.max()) - 1], cache, hidden_layers=self.hidden_layers,
                                            logits=False)
         cache.lens = lengths - 1
+        self.controller.prefilled()
         if self.proposer is not None:
             draft_start = time.perf_counter()
             self.proposer.start(tokens, lengths, call.params)

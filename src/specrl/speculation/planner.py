@@ -43,9 +43,10 @@ what plain steps cost and inferred it from the speculative ones (on `tiny` at ba
 controller never saw otherwise). While speculating, two plain steps run after every `refresh_every`
 speculative ones to keep that fit current; the first is not fitted, nor is any plain step right
 after a speculative one: the draft's pass leaves the caches colder than plain decoding finds them
-(on `tiny` at batch 8, 0.75 against 0.55 ms). Nor is a call's first step fitted (`start_call`), on
-caches the prompt's prefill left cold (on `tiny` at batch 64, 1.6 against 1.1 ms): with speculation on,
-plain steps are few, and those first steps priced plain decoding dear enough that k = 1 ran and lost.
+(on `tiny` at batch 8, 0.75 against 0.55 ms). Nor is the first step after a prefill (`prefilled`: a
+call's start, or the cache recompute after an in-flight weight update), on caches the prefill left cold
+(on `tiny` at batch 64, 1.6 against 1.1 ms): with speculation on, plain steps are few, and those first
+steps priced plain decoding dear enough that k = 1 ran and lost.
 P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
 the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
 each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
@@ -220,7 +221,7 @@ class SpeculationController:
         self.off_streak = 0  # consecutive steps run with k = 0
         self.on_streak = 0  # speculative steps since the last plain step measured
         self._last_k = 0  # the last step's k
-        self._first_of_call = False  # the next step is a call's first (`start_call`)
+        self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
@@ -237,9 +238,10 @@ class SpeculationController:
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
         self._plain_holds.clear()  # chosen under the last setting's acceptance
 
-    def start_call(self) -> None:
-        """A generate call begins: its first step is not fitted (module docstring)."""
-        self._first_of_call = True
+    def prefilled(self) -> None:
+        """A prefill (a call's prompts, or the live rows' cache after an in-flight weight update) just ran:
+        the next step is not fitted (module docstring)."""
+        self._after_prefill = True
 
     @property
     def widest(self) -> int:
@@ -366,7 +368,7 @@ class SpeculationController:
             self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
-        first, self._first_of_call = self._first_of_call, False
+        first, self._after_prefill = self._after_prefill, False
         if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`)
             self.holding, self._last_k = False, 0
             return
@@ -374,7 +376,7 @@ class SpeculationController:
         if k:
             self._plain_holds.clear()
             self.on_streak += 1
-        if not first:  # a call's first step runs on caches the prompt's prefill left cold (module docstring)
+        if not first:  # the first step after a prefill runs on caches it left cold (module docstring)
             self.verify_times.add(batch, k, seconds - draft_seconds, width)
             if k:
                 self.draft_times.add(batch, k, draft_seconds, width)
