@@ -6,8 +6,8 @@ The engine's `Projection` objects, built both ways from random weights of the mo
 verify step streams), multiply M rows; the int8 self-draft's `Int8Projection`s of the same weights
 do too, once per int8 kernel this CPU runs (`vnni`: activations rounded to int8 in groups of 16 and
 multiplied in integers; `avx512`, `avx2`: int8 weights widened in registers, fp32 activations). All
-variants alternate for `rounds` rounds; the median ms per pass is reported, with the weight-streaming rate it implies and each int8 pass's cost as a
-share of the fp32 fast path's. Ends with one JSON line.
+variants alternate for `rounds` rounds; the median ms per pass is reported, with the weight-streaming
+rate it implies and each int8 pass's cost as a share of the fp32 fast path's. Ends with one JSON line.
 """
 from __future__ import annotations
 

@@ -219,8 +219,10 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
                                  seed=config.seed + 1 + r * calls + c, ignore_eos=config.ignore_eos)
                   for c in range(calls)]
         results = {name: [] for name, _ in variants}
-        for chunk, p in zip(chunks, params):  # call by call, each variant in turn: a few seconds of the machine
-            for name, backend in variants:  # being busy elsewhere slow one call of each, not a variant's half
+        # call by call, each variant in turn: a few busy seconds of the machine slow one call of each variant,
+        # not all of one variant's calls in the round
+        for chunk, p in zip(chunks, params):
+            for name, backend in variants:
                 results[name].append(backend.generate(chunk, p))
         for name, done in results.items():
             runs[name] += done

@@ -3,9 +3,9 @@
 The draft is the target's own network (`LlamaModel.int8_copy`): every projection and the LM head
 rounded to int8 per output row (symmetric, fp32 scale), embeddings and norms shared; activations
 rounded to int8 too, in groups of 16, where the CPU has AVX-512 VNNI (the `vnni` kernel), else fp32.
-It drafts like any draft model (`DraftModelProposer`: sampled from q at the
-call's temperature, top-k and top-p) and goes through the same exact verifier, so the rollouts keep
-the policy's distribution exactly; the rounding only costs acceptance.
+It drafts like any draft model (`DraftModelProposer`: sampled from q at the call's temperature, top-k
+and top-p) and goes through the same exact verifier, so the rollouts keep the policy's distribution
+exactly; the rounding only costs acceptance.
 
 Being the target's own network, it keeps no KV cache of its own: it drafts in the target's cache
 (`ProposalContext.target_cache`), whose positions below `lens` hold the verified tokens' fp32 keys and
