@@ -19,6 +19,7 @@
 // the bytes streamed, the activations stay fp32, and it is batch-invariant for the same reason.
 #include <immintrin.h>
 #include <stdint.h>
+#include <omp.h>
 #include <string.h>
 
 #include <vector>
@@ -210,14 +211,14 @@ extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, c
 // Weights: q + 128 as uint8 (vpdpbusd's unsigned operand), so each group's integer sum carries
 // 128 x (the group's quantized activations' sum), subtracted by starting the sum at minus that.
 // Layout: blocks of 16 outputs, in groups of VGROUP blocks; a group's bytes are [K16 / 4][nb][16][4]
-// (K16 = K rounded up to 16, padded with q = 0): per 4 k, the group's blocks side by side, so a tile
-// streams one contiguous run. Scales [16 * N16] fp32, 0 past N.
+// (K16 = K rounded up to 16, padded with q = 0): per 4 k, the group's blocks side by side, so a group is
+// one contiguous run, and so is a range of consecutive groups. Scales [16 * N16] fp32, 0 past N.
 // Per (row, 16 outputs): for each group g in order, an exact int32 sum of 16 products, converted to fp32
 // and FMA'd with the group's activation scale into one accumulator; the weight scale multiplies the end.
 // The same operations in the same order whatever the other rows: batch-invariant.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vnni")
-static const int VGROUP = 6;
+static const int VGROUP = 3;
 
 // one row x [K] -> xq [G * 16] int8, xs [G] scales, xc [G] = 128 * the group's sum of xq (G = ceil(K / 16))
 static inline void quantize_groups(const float* x, int K, int8_t* xq, float* xs, int32_t* xc) {
@@ -236,58 +237,93 @@ static inline void quantize_groups(const float* x, int K, int8_t* xq, float* xs,
     }
 }
 
-// R rows (quantized; row stride G * 16, G) by NB blocks whose bytes start at wp, `across` bytes per 4 k
-template <int R, int NB>
+// R rows (quantized; row stride G * 16, G) by S groups of NB blocks each, `apart` groups apart: group s's bytes
+// at wp + s * apart * gbytes, `across` bytes per 4 k; its outputs (scales, y) s * apart * NB blocks on. The S
+// groups are read side by side: S sequential streams
+template <int R, int S, int NB>
 static inline void v_tile(const int8_t* xq, const float* xs, const int32_t* xc, int G, const uint8_t* wp,
-                          int64_t across, const float* scale, float* y, int64_t ldy) {
-    __m512 acc[R][NB];
+                          int64_t gbytes, int apart, int64_t across, const float* scale, float* y, int64_t ldy) {
+    __m512 acc[R][S * NB];
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 16") for (int b = 0; b < S * NB; ++b) acc[r][b] = _mm512_setzero_ps();
     for (int g = 0; g < G; ++g) {
-        __m512i sum[R][NB];
+        __m512i sum[R][S * NB];
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) sum[r][b] = _mm512_set1_epi32(-xc[r * G + g]);
+            _Pragma("GCC unroll 16") for (int b = 0; b < S * NB; ++b) sum[r][b] = _mm512_set1_epi32(-xc[r * G + g]);
         _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4) {
-            const uint8_t* at = wp + (int64_t)(g * 4 + k4) * across;
-            __m512i w[NB];
-            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(at + b * 64);
+            __m512i xb[R];
             _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
                 int32_t four;
                 memcpy(&four, xq + (int64_t)r * G * 16 + g * 16 + k4 * 4, 4);
-                const __m512i xb = _mm512_set1_epi32(four);
-                _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)
-                    sum[r][b] = _mm512_dpbusd_epi32(sum[r][b], w[b], xb);
+                xb[r] = _mm512_set1_epi32(four);
+            }
+            _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s) {
+                const uint8_t* at = wp + s * apart * gbytes + (int64_t)(g * 4 + k4) * across;
+                _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
+                    const __m512i w = _mm512_loadu_si512(at + b * 64);
+                    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+                        sum[r][s * NB + b] = _mm512_dpbusd_epi32(sum[r][s * NB + b], w, xb[r]);
+                }
             }
         }
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
             const __m512 s = _mm512_set1_ps(xs[r * G + g]);
-            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)
+            _Pragma("GCC unroll 16") for (int b = 0; b < S * NB; ++b)
                 acc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][b]), s, acc[r][b]);
         }
     }
-    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
-        const __m512 s = _mm512_loadu_ps(scale + b * 16);
-        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-            _mm512_storeu_ps(y + r * ldy + b * 16, _mm512_mul_ps(acc[r][b], s));
+    _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s)
+        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) {
+            const int64_t out = ((int64_t)s * apart * NB + b) * 16;
+            const __m512 sc = _mm512_loadu_ps(scale + out);
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+                _mm512_storeu_ps(y + r * ldy + out, _mm512_mul_ps(acc[r][s * NB + b], sc));
+        }
+}
+
+// All M rows (quantized) by the groups [g0, g1) of a matrix of N16 blocks. The full groups are cut into
+// VSTREAMS runs of equal length, read side by side: each run is one long sequential stream, and one core
+// pulls more from DRAM out of two streams than out of one (SmolLM2's projections at M = 1, 1 thread: ~13%
+// faster than one stream, alternating in one process; runs/s39 has the probes). Per step, rows two at a
+// time, the later pairs finding the step's groups in L2. Then the groups left over, and the last group,
+// when it is short, block by block.
+static const int VSTREAMS = 2;
+
+static void v_groups(const int8_t* xq, const float* xs, const int32_t* xc, int M, int G, const uint8_t* wp,
+                     const float* scale, int N16, int g0, int g1, float* y, int64_t ldy) {
+    const int64_t gbytes = (int64_t)VGROUP * G * 256;  // a full group's bytes
+    const int full = g1 < N16 / VGROUP ? g1 : N16 / VGROUP;  // groups of VGROUP blocks; a last one may be short
+    const int run = full > g0 ? (full - g0) / VSTREAMS : 0;
+    auto rows = [&](auto tile, int g, int64_t at, int64_t out) {
+        for (int m = 0; m < M; m += 2) {
+            const int8_t* q = xq + (int64_t)m * G * 16;
+            tile(M - m >= 2, q, xs + (int64_t)m * G, xc + (int64_t)m * G, wp + g * gbytes + at,
+                 scale + out, y + (int64_t)m * ldy + out);
+        }
+    };
+    for (int i = 0; i < run; ++i)
+        rows([&](bool two, auto q, auto s, auto c, auto w, auto sc, auto out) {
+            if (two) v_tile<2, VSTREAMS, VGROUP>(q, s, c, G, w, gbytes, run, VGROUP * 64, sc, out, ldy);
+            else v_tile<1, VSTREAMS, VGROUP>(q, s, c, G, w, gbytes, run, VGROUP * 64, sc, out, ldy);
+        }, g0 + i, 0, (int64_t)(g0 + i) * VGROUP * 16);
+    for (int g = g0 + VSTREAMS * run; g < full; ++g)
+        rows([&](bool two, auto q, auto s, auto c, auto w, auto sc, auto out) {
+            if (two) v_tile<2, 1, VGROUP>(q, s, c, G, w, gbytes, 0, VGROUP * 64, sc, out, ldy);
+            else v_tile<1, 1, VGROUP>(q, s, c, G, w, gbytes, 0, VGROUP * 64, sc, out, ldy);
+        }, g, 0, (int64_t)g * VGROUP * 16);
+    if (full < g1) {  // the short last group: nb blocks side by side per 4 k
+        const int b0 = full * VGROUP, nb = N16 - b0;
+        for (int b = 0; b < nb; ++b)
+            rows([&](bool two, auto q, auto s, auto c, auto w, auto sc, auto out) {
+                if (two) v_tile<2, 1, 1>(q, s, c, G, w, 0, 0, (int64_t)nb * 64, sc, out, ldy);
+                else v_tile<1, 1, 1>(q, s, c, G, w, 0, 0, (int64_t)nb * 64, sc, out, ldy);
+            }, full, b * 64, (int64_t)(b0 + b) * 16);
     }
 }
 
-// R rows by the nb blocks of the group starting at block b0
-template <int R>
-static inline void v_tiles(const int8_t* xq, const float* xs, const int32_t* xc, int G, const uint8_t* wp,
-                           const float* scale, int b0, int nb, float* y, int64_t ldy) {
-    const uint8_t* group = wp + (int64_t)b0 * G * 256;
-    const int64_t across = (int64_t)nb * 64;
-    const float* s = scale + b0 * 16;
-    float* out = y + (int64_t)b0 * 16;
-    int b = 0;
-    for (; b + VGROUP <= nb; b += VGROUP)
-        v_tile<R, VGROUP>(xq, xs, xc, G, group + b * 64, across, s + b * 16, out + b * 16, ldy);
-    for (; b < nb; ++b) v_tile<R, 1>(xq, xs, xc, G, group + b * 64, across, s + b * 16, out + b * 16, ldy);
-}
-
-// x [M, K] fp32, wp the layout above, scale [16 * N16] -> y [M, 16 * N16]. Rows go two at a time (2 x 6 blocks
-// of int32 sums and fp32 accumulators fill the 32 zmm registers); the second pair finds the group in L2.
+// x [M, K] fp32, wp the layout above, scale [16 * N16] -> y [M, 16 * N16]. Each thread takes a contiguous
+// range of groups. A pair of rows by two groups of three blocks: 2 x 6 int32 sums and 2 x 6 fp32 accumulators
+// (with the loaded weights, most of the 32 zmm registers).
 extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16,
                                       int K, int threads) {
     const int G = (K + 15) / 16;
@@ -299,16 +335,11 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
                         xc.data() + (int64_t)m * G);
     const int64_t ldy = (int64_t)N16 * 16;
     const int groups = (N16 + VGROUP - 1) / VGROUP;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int gi = 0; gi < groups; ++gi) {
-        const int b0 = gi * VGROUP, nb = N16 - b0 < VGROUP ? N16 - b0 : VGROUP;
-        for (int m = 0; m < M; m += 2) {
-            const int8_t* q = xq.data() + (int64_t)m * G * 16;
-            const float* s = xs.data() + (int64_t)m * G;
-            const int32_t* c = xc.data() + (int64_t)m * G;
-            if (M - m >= 2) v_tiles<2>(q, s, c, G, wp, scale, b0, nb, y + (int64_t)m * ldy, ldy);
-            else v_tiles<1>(q, s, c, G, wp, scale, b0, nb, y + (int64_t)m * ldy, ldy);
-        }
+    #pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int first = (int)((int64_t)groups * t / T), last = (int)((int64_t)groups * (t + 1) / T);
+        v_groups(xq.data(), xs.data(), xc.data(), M, G, wp, scale, N16, first, last, y, ldy);
     }
     return 0;
 }

@@ -174,7 +174,7 @@ def pack_int8(q: torch.Tensor, scale: torch.Tensor, block: int = 8) -> tuple[tor
     return packed, scales
 
 
-VNNI_GROUP = 6  # blocks of 16 outputs whose bytes the VNNI kernel interleaves (its tiles' width)
+VNNI_GROUP = 3  # blocks of 16 outputs whose bytes the VNNI kernel interleaves (its tiles' width)
 
 
 def pack_vnni(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
