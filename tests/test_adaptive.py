@@ -31,6 +31,38 @@ def test_step_time_model_predicts_unseen_batch_sizes_and_k():
     assert abs(model.predict(100, 1) - cost(100, 1)) < 1e-6
 
 
+def test_a_slope_in_the_batch_is_taken_as_none_until_two_batch_sizes_show_it():
+    """Fitted at one batch size, a cost linear in B cannot tell its slope from its intercept; the fit puts it
+    all in the intercept (the cost does not grow with B). Steps at a second size pin the slope."""
+    model = StepTimeModel(features=lambda b, k, w=1: np.array([k, k * b]), slopes=(1,))
+    cost = lambda b, k: k * (0.001 + 0.0002 * b)  # noqa: E731
+    for _ in range(20):
+        model.add(1, 3, cost(1, 3))
+    assert abs(model.predict(8, 3) / cost(1, 3) - 1) < 1e-3  # a uniform ridge alone: (1 + 8) / 2 = 4.5x
+    for batch in (1, 8) * 100:
+        model.add(batch, 3, cost(batch, 3))
+    assert abs(model.predict(32, 3) / cost(32, 3) - 1) < 1e-3
+
+
+def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation():
+    """As on `tiny`, whose forward is all overhead: every pass costs ~1 ms whatever its rows, so speculation
+    pays at any batch. After speculating at batch 1 only, the verify and draft models could not tell their
+    slopes in B, and extrapolated to batch 8 they priced k = 3 at ~2.5x its cost, so batch 8 decoded plainly
+    (0.86x of the plain engine in `bench drafters`). Priced as a plain pass over the same tokens (and the
+    draft's cost not growing with B) until a speculative step runs there, batch 8 speculates."""
+    controller = SpeculationController(max_k=3, prior_acceptance=0.9)
+    cost = lambda b, k: 0.001 * (1 + b / 256) * (1 + 0.5 * k)  # noqa: E731  a draft pass: half a plain step
+    chosen = {1: [], 8: []}
+    for batch in [1] * 200 + [8] * 200:
+        k = controller.choose(batch)
+        chosen[batch].append(k)
+        draft = 0.0005 * (1 + batch / 256) * k
+        controller.observe(batch, k, cost(batch, k), [round(batch * 0.9 ** (i + 1)) for i in range(k)],
+                           draft_seconds=draft)
+    assert chosen[1][-100:].count(3) >= 90  # but for the plain steps that keep the plain fit current
+    assert chosen[8][-100:].count(3) >= 90
+
+
 def test_memory_bound_verification_with_good_drafts_uses_the_largest_k():
     # verifying k+1 tokens costs about one token's time; drafts are cheap and often right
     chosen = run_controller(lambda b, k: 0.05 + 0.002 * k, acceptance=0.8, batches=[4] * 30)
@@ -98,9 +130,10 @@ def test_refreshes_of_a_draft_that_never_pays_grow_rarer():
 def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed():
     """Each draft token costs more than a plain step (as on `tiny`, whose forward is all overhead): even
     a draft accepted every time, with verification free, loses. After the bootstrap (plain twice, k = 1
-    once, then plain twice, the first of them not fitted) no step speculates at one batch size; in a
-    drain through two batch ranges, one refresh runs at the new size (the draft fit, measured at the
-    first size only, extrapolates there)."""
+    once, then plain twice, the first of them not fitted) no step speculates, at one batch size or in a
+    drain through two batch ranges: the draft fit, measured at the first size only, takes the draft's cost
+    not to grow with the batch until shown otherwise (with a uniform ridge it split the cost between its
+    two terms and priced the new size wrong, and a refresh ran there)."""
     for batches in ([8] * 3000, [12] * 1500 + [6] * 1500):
         controller = SpeculationController(max_k=3)
         chosen = []
@@ -110,7 +143,7 @@ def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_
             draft = 0.010 * k
             controller.observe(batch, k, 0.008 * (1 + batch / 64) * (k + 1) + draft, [batch] * k, draft_seconds=draft)
         assert chosen[:5] == [0, 0, 1, 0, 0] and set(chosen[5:]) <= {0, 3}, batches[-1]
-        assert chosen[5:].count(3) == (0 if batches[-1] == batches[0] else 1), batches[-1]
+        assert chosen[5:].count(3) == 0, batches[-1]
 
 
 def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():

@@ -54,6 +54,13 @@ often than temperature-1 ones, and a benchmark's or an evaluation's greedy call 
 acceptance to the RL calls after it. The engine names the setting of each call (`use_sampling`); a new
 setting starts at the prior.
 
+In a power-of-two range of B where no speculative step has been measured yet, the verify model's
+slopes in B are an extrapolation from the ranges that were (from batch 1 alone they are not even
+identified), so there a verify pass is priced as `_could_pay` prices it, a plain step over as many
+tokens, until a speculative step runs there. On `tiny`, after a benchmark's batch-1 calls the model
+priced k = 7 at batch 8 at 15 ms against 3.9 measured, so batch 8 decoded plainly, at 0.86x of the
+plain engine, where speculating measured 1.23x.
+
 The verify model also carries one indicator per k strictly between 0 and max_k: matmul
 kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
 weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
@@ -139,14 +146,25 @@ class StepTimeModel:
     The fit is solved once after each `add`, when first needed, not per prediction: the controller
     prices every option on every step, and on a model whose step takes a millisecond a solve per
     option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Each step's feature
-    row and its outer product are kept per (B, k, width): a drain revisits the same few."""
+    row and its outer product are kept per (B, k, width): a drain revisits the same few.
 
-    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
-        self.decay, self.ridge, self.features = decay, ridge, features
+    `slopes` are the features that grow with B. Beside the uniform `ridge` (a share of the trace), each weighs
+    `slope_ridge` of its own sum of squares in the ridge: where the steps fitted cannot tell a slope in B
+    apart from the terms that do not grow with it (steps at one batch size only), the fit puts the cost in
+    the latter, so a cost is taken not to grow with the batch until steps at other sizes show how it does.
+    The uniform ridge alone split it evenly: fitted at batch 1 only, the `tiny` self-draft's passes were
+    priced at batch 8 at 4.5x what they cost. Once steps at several sizes pin a slope, the ridge is
+    negligible beside the data."""
+
+    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features, slopes: tuple[int, ...] = (),
+                 slope_ridge: float = 1e-4):
+        self.decay, self.features = decay, features
         n = len(features(1, 1))
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
-        self._eye = np.eye(n)
+        self.ridge = ridge
+        self._slope_weights = np.zeros(n)
+        self._slope_weights[list(slopes)] = slope_ridge
         self._theta: np.ndarray | None = None
         self._terms: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}  # x and x x^T
 
@@ -165,8 +183,9 @@ class StepTimeModel:
     @property
     def theta(self) -> np.ndarray:
         if self._theta is None:
-            scale = np.trace(self.xtx) or 1.0
-            self._theta = np.linalg.solve(self.xtx + self.ridge * scale * self._eye, self.xty)
+            # the slopes' weight scales with each one's own sum of squares: the share of its data it discounts
+            penalty = self.ridge * (np.trace(self.xtx) or 1.0) + self._slope_weights * np.diag(self.xtx)
+            self._theta = np.linalg.solve(self.xtx + np.diag(penalty), self.xty)
         return self._theta
 
     @property
@@ -210,9 +229,9 @@ class SpeculationController:
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
             [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
         extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
-        self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
-        self.verify_times = StepTimeModel(features=verify_features(extras))
-        self.draft_times = StepTimeModel(features=draft_features)
+        self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features, slopes=(1,))
+        self.verify_times = StepTimeModel(features=verify_features(extras), slopes=(1, 3))
+        self.draft_times = StepTimeModel(features=draft_features, slopes=(1,))
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch -> steps there that plain decoding stands unpriced
         self.holding = False  # the step just chosen is one of those
@@ -274,11 +293,22 @@ class SpeculationController:
         if not self.plain_times.fitted:
             return True
         k, width = option
-        rows = batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch
-        seconds = self.plain_times.predict(rows, 0) + self.draft_times.predict(batch, k, width)
+        seconds = self._as_plain_pass(option, batch) + self.draft_times.predict(batch, k, width)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
+
+    def _as_plain_pass(self, option: tuple[int, int], batch: int) -> float:
+        """An option's verify pass priced as a plain step over as many tokens, B (1 + w k) rows, once plain steps
+        in two batch ranges pin the plain fit's slope; before that as one plain step over B, which it costs at
+        least."""
+        k, width = option
+        return self.plain_times.predict(batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch, 0)
+
+    def _speculated_in_range(self, batch: int) -> bool:
+        """Whether a speculative step was fitted in this batch's power-of-two range."""
+        here = batch.bit_length()
+        return any(counts[here] for (k, _), counts in self.samples.items() if k)
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
@@ -311,8 +341,11 @@ class SpeculationController:
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return 0, 1  # the first after a speculative step is not measured (`observe`)
         allowed, plain_x, verify_x, draft_x = self._priced_options(batch, room)
-        seconds = np.concatenate([self.plain_times.predict_rows(plain_x),
-                                  self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)])
+        if self._speculated_in_range(batch):
+            verify = self.verify_times.predict_rows(verify_x)
+        else:  # the verify model's slopes in B would be extrapolated from other ranges (module docstring)
+            verify = np.array([self._as_plain_pass(option, batch) for option in allowed[1:]])
+        seconds = np.concatenate([self.plain_times.predict_rows(plain_x), verify + self.draft_times.predict_rows(draft_x)])
         curves = self._expected_curves()
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if best:
