@@ -46,7 +46,10 @@ after a speculative one: the draft's pass leaves the caches colder than plain de
 (on `tiny` at batch 8, 0.75 against 0.55 ms). Nor is the first step after a prefill (`prefilled`: a
 call's start, or the cache recompute after an in-flight weight update), on caches the prefill left cold
 (on `tiny` at batch 64, 1.6 against 1.1 ms): with speculation on, plain steps are few, and those first
-steps priced plain decoding dear enough that k = 1 ran and lost.
+steps priced plain decoding dear enough that k = 1 ran and lost. Nor is the controller's first speculative
+step: it pays one-time costs (on `tiny` the first in a process took 6.9 ms against 1.1, its draft 0.48 ms
+against 0.33), and on a draft as dear as `tiny`'s, whose bound is near plain decoding's, one slow draft
+measurement priced every option out for good, so the engine never speculated (2 of ~20 benchmark runs).
 P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
 the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
 each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
@@ -230,7 +233,7 @@ class SpeculationController:
             [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
         extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
         self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features, slopes=(1,))
-        self.verify_times = StepTimeModel(features=verify_features(extras), slopes=(1, 3))
+        self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features, slopes=(1,))
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch -> steps there that plain decoding stands unpriced
@@ -241,6 +244,7 @@ class SpeculationController:
         self.on_streak = 0  # speculative steps since the last plain step measured
         self._last_k = 0  # the last step's k
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
+        self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
@@ -402,6 +406,8 @@ class SpeculationController:
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         first, self._after_prefill = self._after_prefill, False
+        if k and not self._drafted:  # the first speculative step pays one-time costs (module docstring)
+            first, self._drafted = True, True
         if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`)
             self.holding, self._last_k = False, 0
             return
