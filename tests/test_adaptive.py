@@ -31,19 +31,6 @@ def test_step_time_model_predicts_unseen_batch_sizes_and_k():
     assert abs(model.predict(100, 1) - cost(100, 1)) < 1e-6
 
 
-def test_a_slope_in_the_batch_is_taken_as_none_until_two_batch_sizes_show_it():
-    """Fitted at one batch size, a cost linear in B cannot tell its slope from its intercept; the fit puts it
-    all in the intercept (the cost does not grow with B). Steps at a second size pin the slope."""
-    model = StepTimeModel(features=lambda b, k, w=1: np.array([k, k * b]), slopes=(1,))
-    cost = lambda b, k: k * (0.001 + 0.0002 * b)  # noqa: E731
-    for _ in range(20):
-        model.add(1, 3, cost(1, 3))
-    assert abs(model.predict(8, 3) / cost(1, 3) - 1) < 1e-3  # a uniform ridge alone: (1 + 8) / 2 = 4.5x
-    for batch in (1, 8) * 100:
-        model.add(batch, 3, cost(batch, 3))
-    assert abs(model.predict(32, 3) / cost(32, 3) - 1) < 1e-3
-
-
 def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation():
     """As on `tiny`, whose forward is all overhead: every pass costs ~1 ms whatever its rows, so speculation
     pays at any batch. After speculating at batch 1 only, the verify and draft models could not tell their
@@ -61,6 +48,27 @@ def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolat
                            draft_seconds=draft)
     assert chosen[1][-100:].count(3) >= 90  # but for the plain steps that keep the plain fit current
     assert chosen[8][-100:].count(3) >= 90
+
+
+def test_a_drain_learned_at_large_batches_speculates_in_its_tail():
+    """GRPO's rollouts start at 32 rows, where verifying is compute-bound and speculation loses, and drain to
+    1, where it pays ~1.6x. Explored at ~20 rows first, the draft fit knows its cost there only; priced at the
+    tail by that cost scaled as a plain step's (not as flat in B, which kept every drain's tail plain), the
+    tail speculates."""
+    controller = SpeculationController(max_k=8, prior_acceptance=0.95)
+    plain = lambda b: 0.018 + 0.002 * b  # noqa: E731
+    draft_pass = lambda b: 0.006 + 0.0012 * b  # noqa: E731
+    tail = []
+    for call in range(6):
+        controller.prefilled()
+        for batch in [32] * 4 + list(range(32, 0, -1)) + [1] * 8:
+            k = controller.choose(batch)
+            if call == 5 and batch <= 2:
+                tail.append(k)
+            draft = k * draft_pass(batch)
+            controller.observe(batch, k, plain(batch * (1 + k)) + draft, [round(batch * 0.95 ** (i + 1)) for i in range(k)],
+                               draft_seconds=draft)
+    assert sum(k >= 3 for k in tail) >= len(tail) - 2, tail
 
 
 def test_the_first_speculative_step_is_not_fitted():
@@ -145,10 +153,9 @@ def test_refreshes_of_a_draft_that_never_pays_grow_rarer():
 def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed():
     """Each draft token costs more than a plain step (as on `tiny`, whose forward is all overhead): even
     a draft accepted every time, with verification free, loses. After the bootstrap (plain twice, k = 1
-    twice, the first not fitted, then plain twice, the first of them not fitted) no step speculates, at one batch size or in a
-    drain through two batch ranges: the draft fit, measured at the first size only, takes the draft's cost
-    not to grow with the batch until shown otherwise (with a uniform ridge it split the cost between its
-    two terms and priced the new size wrong, and a refresh ran there)."""
+    twice, the first not fitted, then plain twice, the first of them not fitted) no step speculates, at one
+    batch size or in a drain through two batch ranges: at the new size the draft is priced at its cost at the
+    first, scaled as a plain step's (the fit's extrapolation priced it wrong there, and a refresh ran)."""
     for batches in ([8] * 3000, [12] * 1500 + [6] * 1500):
         controller = SpeculationController(max_k=3)
         chosen = []

@@ -57,12 +57,18 @@ often than temperature-1 ones, and a benchmark's or an evaluation's greedy call 
 acceptance to the RL calls after it. The engine names the setting of each call (`use_sampling`); a new
 setting starts at the prior.
 
-In a power-of-two range of B where no speculative step has been measured yet, the verify model's
-slopes in B are an extrapolation from the ranges that were (from batch 1 alone they are not even
-identified), so there a verify pass is priced as `_could_pay` prices it, a plain step over as many
-tokens, until a speculative step runs there. On `tiny`, after a benchmark's batch-1 calls the model
-priced k = 7 at batch 8 at 15 ms against 3.9 measured, so batch 8 decoded plainly, at 0.86x of the
-plain engine, where speculating measured 1.23x.
+In a power-of-two range of B where no speculative step has been measured yet, the verify and draft
+models' slopes in B are an extrapolation from the ranges that were (from batch 1 alone they are not
+even identified), so there an option is priced as `_could_pay` prices it: its verify pass as a plain
+step over as many tokens, its drafts at their fitted cost at the nearest batch size measured, scaled as
+a plain step's cost scales between the two sizes (`_draft_price`), until a speculative step runs
+there. On `tiny`, after a benchmark's batch-1 calls the models priced k = 7 at batch 8 at 15 ms (a
+k = 8 step there measures 3.8), so batch 8 decoded plainly, at 0.86x of the plain engine, where
+speculating measured 1.23x. Taking costs as flat in B until two sizes pin their slopes (a ridge on the
+slopes) fixed that and broke GRPO both ways: the draft, measured at 19-22 rows, was priced at batch 1
+at the 20-row pass's cost, so no option could pay in a drain's tail; and plain decoding, its fit
+remembering ~10 steps at nearby sizes, was priced flat up to 124 rows, so k = 3 ran at 31 rows, 0.3 s
+a step against 0.07 plain.
 
 The verify model also carries one indicator per k strictly between 0 and max_k: matmul
 kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
@@ -149,25 +155,14 @@ class StepTimeModel:
     The fit is solved once after each `add`, when first needed, not per prediction: the controller
     prices every option on every step, and on a model whose step takes a millisecond a solve per
     option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Each step's feature
-    row and its outer product are kept per (B, k, width): a drain revisits the same few.
+    row and its outer product are kept per (B, k, width): a drain revisits the same few."""
 
-    `slopes` are the features that grow with B. Beside the uniform `ridge` (a share of the trace), each weighs
-    `slope_ridge` of its own sum of squares in the ridge: where the steps fitted cannot tell a slope in B
-    apart from the terms that do not grow with it (steps at one batch size only), the fit puts the cost in
-    the latter, so a cost is taken not to grow with the batch until steps at other sizes show how it does.
-    The uniform ridge alone split it evenly: fitted at batch 1 only, the `tiny` self-draft's passes were
-    priced at batch 8 at 4.5x what they cost. Once steps at several sizes pin a slope, the ridge is
-    negligible beside the data."""
-
-    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features, slopes: tuple[int, ...] = (),
-                 slope_ridge: float = 1e-4):
-        self.decay, self.features = decay, features
+    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
+        self.decay, self.ridge, self.features = decay, ridge, features
         n = len(features(1, 1))
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
-        self.ridge = ridge
-        self._slope_weights = np.zeros(n)
-        self._slope_weights[list(slopes)] = slope_ridge
+        self._eye = np.eye(n)
         self._theta: np.ndarray | None = None
         self._terms: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}  # x and x x^T
 
@@ -186,9 +181,8 @@ class StepTimeModel:
     @property
     def theta(self) -> np.ndarray:
         if self._theta is None:
-            # the slopes' weight scales with each one's own sum of squares: the share of its data it discounts
-            penalty = self.ridge * (np.trace(self.xtx) or 1.0) + self._slope_weights * np.diag(self.xtx)
-            self._theta = np.linalg.solve(self.xtx + np.diag(penalty), self.xty)
+            scale = np.trace(self.xtx) or 1.0
+            self._theta = np.linalg.solve(self.xtx + self.ridge * scale * self._eye, self.xty)
         return self._theta
 
     @property
@@ -232,9 +226,9 @@ class SpeculationController:
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
             [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
         extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
-        self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features, slopes=(1,))
+        self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
         self.verify_times = StepTimeModel(features=verify_features(extras))
-        self.draft_times = StepTimeModel(features=draft_features, slopes=(1,))
+        self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch -> steps there that plain decoding stands unpriced
         self.holding = False  # the step just chosen is one of those
@@ -245,6 +239,7 @@ class SpeculationController:
         self._last_k = 0  # the last step's k
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
         self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
+        self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
@@ -297,7 +292,7 @@ class SpeculationController:
         if not self.plain_times.fitted:
             return True
         k, width = option
-        seconds = self._as_plain_pass(option, batch) + self.draft_times.predict(batch, k, width)
+        seconds = self._as_plain_pass(option, batch) + self._draft_price(option, batch)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
@@ -308,6 +303,17 @@ class SpeculationController:
         least."""
         k, width = option
         return self.plain_times.predict(batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch, 0)
+
+    def _draft_price(self, option: tuple[int, int], batch: int) -> float:
+        """The proposer's time for an option: the draft fit's where a speculative step was fitted in this batch's
+        range; elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost scales
+        between the two (a draft pass is a forward pass over as many rows), not the fit's extrapolation."""
+        k, width = option
+        if self._speculated_in_range(batch) or not self._drafted_at:
+            return self.draft_times.predict(batch, k, width)
+        near = min(self._drafted_at, key=lambda b: abs(np.log(b / batch)))
+        scale = self.plain_times.predict(batch, 0) / max(self.plain_times.predict(near, 0), 1e-9)
+        return self.draft_times.predict(near, k, width) * scale
 
     def _speculated_in_range(self, batch: int) -> bool:
         """Whether a speculative step was fitted in this batch's power-of-two range."""
@@ -346,10 +352,10 @@ class SpeculationController:
             return 0, 1  # the first after a speculative step is not measured (`observe`)
         allowed, plain_x, verify_x, draft_x = self._priced_options(batch, room)
         if self._speculated_in_range(batch):
-            verify = self.verify_times.predict_rows(verify_x)
-        else:  # the verify model's slopes in B would be extrapolated from other ranges (module docstring)
-            verify = np.array([self._as_plain_pass(option, batch) for option in allowed[1:]])
-        seconds = np.concatenate([self.plain_times.predict_rows(plain_x), verify + self.draft_times.predict_rows(draft_x)])
+            speculative = self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)
+        else:  # the models' slopes in B would be extrapolated from other ranges (module docstring)
+            speculative = np.array([self._as_plain_pass(o, batch) + self._draft_price(o, batch) for o in allowed[1:]])
+        seconds = np.concatenate([self.plain_times.predict_rows(plain_x), speculative])
         curves = self._expected_curves()
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if best:
@@ -419,6 +425,7 @@ class SpeculationController:
             self.verify_times.add(batch, k, seconds - draft_seconds, width)
             if k:
                 self.draft_times.add(batch, k, draft_seconds, width)
+                self._drafted_at.add(batch)
             elif not after_speculation:  # not right after a draft's pass (module docstring)
                 self.plain_times.add(batch, 0, seconds)
                 self.on_streak = 0
