@@ -34,9 +34,10 @@ def test_step_time_model_predicts_unseen_batch_sizes_and_k():
 def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation():
     """As on `tiny`, whose forward is all overhead: every pass costs ~1 ms whatever its rows, so speculation
     pays at any batch. After speculating at batch 1 only, the verify and draft models could not tell their
-    slopes in B, and extrapolated to batch 8 they priced k = 3 at ~2.5x its cost, so batch 8 decoded plainly
-    (0.86x of the plain engine in `bench drafters`). Priced as a plain pass over the same tokens (and the
-    draft's cost not growing with B) until a speculative step runs there, batch 8 speculates."""
+    slopes in B, and extrapolated to batch 8 they priced k = 3 at 3x its cost, so batch 8 decoded plainly
+    (0.86x of the plain engine in `bench drafters`). Priced as the bound prices it until a speculative step
+    runs there (the verify pass as a plain pass over the same tokens, the drafts at their batch-1 cost scaled
+    as a plain step's), batch 8 speculates."""
     controller = SpeculationController(max_k=3, prior_acceptance=0.9)
     cost = lambda b, k: 0.001 * (1 + b / 256) * (1 + 0.5 * k)  # noqa: E731  a draft pass: half a plain step
     chosen = {1: [], 8: []}
