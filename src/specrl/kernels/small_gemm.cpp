@@ -281,12 +281,26 @@ static inline void v_tile(const int8_t* xq, const float* xs, const int32_t* xc, 
         }
 }
 
-// All M rows (quantized) by the groups [g0, g1) of a matrix of N16 blocks. The full groups are cut into
-// VSTREAMS runs of equal length, read side by side: each run is one long sequential stream, and one core
-// pulls more from DRAM out of two streams than out of one (SmolLM2's projections at M = 1, 1 thread: ~13%
-// faster than one stream, alternating in one process; runs/s39 has the probes). Per step, rows two at a
-// time, the later pairs finding the step's groups in L2. Then the groups left over, and the last group,
-// when it is short, block by block.
+// All M rows (quantized), two at a time, by v_tile's S groups of NB blocks; scale and y at those groups' first
+// outputs
+template <int S, int NB>
+static inline void v_rows(const int8_t* xq, const float* xs, const int32_t* xc, int M, int G, const uint8_t* wp,
+                          int64_t gbytes, int apart, int64_t across, const float* scale, float* y, int64_t ldy) {
+    for (int m = 0; m < M; m += 2) {
+        const int8_t* q = xq + (int64_t)m * G * 16;
+        const float* s = xs + (int64_t)m * G;
+        const int32_t* c = xc + (int64_t)m * G;
+        float* out = y + (int64_t)m * ldy;
+        if (M - m >= 2) v_tile<2, S, NB>(q, s, c, G, wp, gbytes, apart, across, scale, out, ldy);
+        else v_tile<1, S, NB>(q, s, c, G, wp, gbytes, apart, across, scale, out, ldy);
+    }
+}
+
+// All M rows by the groups [g0, g1) of a matrix of N16 blocks. The full groups are cut into VSTREAMS runs of
+// equal length, read side by side: each run is one long sequential stream, and one core pulls more from DRAM
+// out of two streams than out of one (SmolLM2's projections at M = 1, 1 thread: ~13% faster than one stream,
+// alternating in one process; docs/drafters.md). Per step, rows two at a time, the later pairs finding the
+// step's groups in L2. Then the groups left over, and the last group, when it is short, block by block.
 static const int VSTREAMS = 2;
 
 static void v_groups(const int8_t* xq, const float* xs, const int32_t* xc, int M, int G, const uint8_t* wp,
@@ -294,30 +308,17 @@ static void v_groups(const int8_t* xq, const float* xs, const int32_t* xc, int M
     const int64_t gbytes = (int64_t)VGROUP * G * 256;  // a full group's bytes
     const int full = g1 < N16 / VGROUP ? g1 : N16 / VGROUP;  // groups of VGROUP blocks; a last one may be short
     const int run = full > g0 ? (full - g0) / VSTREAMS : 0;
-    auto rows = [&](auto tile, int g, int64_t at, int64_t out) {
-        for (int m = 0; m < M; m += 2) {
-            const int8_t* q = xq + (int64_t)m * G * 16;
-            tile(M - m >= 2, q, xs + (int64_t)m * G, xc + (int64_t)m * G, wp + g * gbytes + at,
-                 scale + out, y + (int64_t)m * ldy + out);
-        }
-    };
-    for (int i = 0; i < run; ++i)
-        rows([&](bool two, auto q, auto s, auto c, auto w, auto sc, auto out) {
-            if (two) v_tile<2, VSTREAMS, VGROUP>(q, s, c, G, w, gbytes, run, VGROUP * 64, sc, out, ldy);
-            else v_tile<1, VSTREAMS, VGROUP>(q, s, c, G, w, gbytes, run, VGROUP * 64, sc, out, ldy);
-        }, g0 + i, 0, (int64_t)(g0 + i) * VGROUP * 16);
+    for (int g = g0; g < g0 + run; ++g)
+        v_rows<VSTREAMS, VGROUP>(xq, xs, xc, M, G, wp + g * gbytes, gbytes, run, VGROUP * 64, scale + g * VGROUP * 16,
+                                 y + (int64_t)g * VGROUP * 16, ldy);
     for (int g = g0 + VSTREAMS * run; g < full; ++g)
-        rows([&](bool two, auto q, auto s, auto c, auto w, auto sc, auto out) {
-            if (two) v_tile<2, 1, VGROUP>(q, s, c, G, w, gbytes, 0, VGROUP * 64, sc, out, ldy);
-            else v_tile<1, 1, VGROUP>(q, s, c, G, w, gbytes, 0, VGROUP * 64, sc, out, ldy);
-        }, g, 0, (int64_t)g * VGROUP * 16);
+        v_rows<1, VGROUP>(xq, xs, xc, M, G, wp + g * gbytes, gbytes, 0, VGROUP * 64, scale + g * VGROUP * 16,
+                          y + (int64_t)g * VGROUP * 16, ldy);
     if (full < g1) {  // the short last group: nb blocks side by side per 4 k
         const int b0 = full * VGROUP, nb = N16 - b0;
         for (int b = 0; b < nb; ++b)
-            rows([&](bool two, auto q, auto s, auto c, auto w, auto sc, auto out) {
-                if (two) v_tile<2, 1, 1>(q, s, c, G, w, 0, 0, (int64_t)nb * 64, sc, out, ldy);
-                else v_tile<1, 1, 1>(q, s, c, G, w, 0, 0, (int64_t)nb * 64, sc, out, ldy);
-            }, full, b * 64, (int64_t)(b0 + b) * 16);
+            v_rows<1, 1>(xq, xs, xc, M, G, wp + full * gbytes + b * 64, 0, 0, (int64_t)nb * 64, scale + (b0 + b) * 16,
+                         y + (int64_t)(b0 + b) * 16, ldy);
     }
 }
 
