@@ -27,6 +27,13 @@ def draft_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                         reason="needs a CUDA device"))])
+def device(request) -> torch.device:
+    """Where a sampled exactness test runs the sampler under test: the CPU, and the GPU where there is one."""
+    return torch.device(request.param)
+
+
 @pytest.fixture(scope="module")
 def one_thread_module():
     """Torch at one thread for a whole module: thousands of tiny ops, or the one-core budget, where a second

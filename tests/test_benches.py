@@ -1,5 +1,8 @@
-"""The benchmarks' inputs: defaults that fit the chosen model, and bad values refused before any engine starts."""
+"""The benchmarks: inputs whose defaults fit the chosen model, bad values refused before any engine starts, and
+the small benches run whole."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -63,3 +66,14 @@ def test_the_exactness_bench_scores_every_variant():
     assert set(summary["variants"]) == {"none", "adaptive", "chain k=3", "tree k=3 w=3"}
     for row in summary["variants"].values():
         assert row["tokens"] > 0 and len(row["z_per_position"]) == POSITIONS and abs(row["z"]) < 10
+
+
+def test_the_verify_cost_bench_times_every_shape_and_ends_with_its_json_line(capsys):
+    from specrl.bench.verify_cost import main
+
+    summary = main(["--device", "cpu", "--models", "tiny", "--batches", "1,2", "--ks", "2", "--context", "8",
+                    "--rounds", "2"])
+    assert [(r["batch"], r["k"]) for r in summary["rows"]] == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    assert all(r["ms"] > 0 and r["sim_ms"] > 0 for r in summary["rows"])
+    assert all(r["over_plain"] == 1.0 for r in summary["rows"] if r["k"] == 0)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary

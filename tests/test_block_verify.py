@@ -28,7 +28,7 @@ def dist(gen: torch.Generator) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-def test_monte_carlo_output_passes_chi_square_against_target():
+def test_monte_carlo_output_passes_chi_square_against_target(device):
     """Position-wise p and q (prefix-free), K = 3; the joint of the first three tokens completed by p.
     Seeded; a correct sampler fails with probability 1e-4."""
     gen = torch.Generator().manual_seed(1)
@@ -36,7 +36,9 @@ def test_monte_carlo_output_passes_chi_square_against_target():
     p_rows = torch.stack([dist(gen) for _ in range(k + 1)])
     q_rows = torch.stack([dist(gen) for _ in range(k)])
     drafts = torch.stack([torch.multinomial(q_rows[i], n, replacement=True, generator=gen) for i in range(k)], 1)
-    tokens, emitted = block_verify(drafts, q_rows.expand(n, k, V), p_rows.expand(n, k + 1, V), generator=gen)
+    on = torch.Generator(device).manual_seed(0)  # block_verify samples on `device`
+    tokens, emitted = (t.cpu() for t in block_verify(drafts.to(device), q_rows.expand(n, k, V).to(device),
+                                                     p_rows.expand(n, k + 1, V).to(device), generator=on))
     fill = torch.stack([torch.multinomial(p_rows[i], n, replacement=True, generator=gen) for i in range(k + 1)], 1)
     full = torch.where(tokens >= 0, tokens, fill)
     observed = torch.bincount((full[:, 0] * V + full[:, 1]) * V + full[:, 2], minlength=V ** 3).double()

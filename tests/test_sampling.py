@@ -31,14 +31,14 @@ def test_greedy_is_one_hot_with_model_logprobs():
     assert torch.allclose(logprobs, LOGITS)
 
 
-def test_draw_follows_each_rows_law_and_never_draws_a_zero():
+def test_draw_follows_each_rows_law_and_never_draws_a_zero(device):
     from scipy.stats import chisquare
 
     from specrl.sampling import draw
 
     law = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.1, 0.9]])
     rows = law.repeat(20000, 1) * 3.0  # unnormalised rows are fine
-    ids = draw(rows, torch.Generator().manual_seed(0)).view(20000, 2)
+    ids = draw(rows.to(device), torch.Generator(device).manual_seed(0)).cpu().view(20000, 2)
     for r in range(2):
         counts = torch.bincount(ids[:, r], minlength=5).double()
         assert counts[law[r] == 0].sum() == 0

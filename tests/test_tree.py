@@ -102,7 +102,7 @@ def draw_without_replacement(q, w, generator):
     return torch.stack(picks, 1)
 
 
-def test_verify_tree_samples_pass_a_chi_square_against_the_exact_joint():
+def test_verify_tree_samples_pass_a_chi_square_against_the_exact_joint(device):
     """60000 seeded trees (V = 5, w = 2, k = 2); pooled chi-square, false failure odds 1e-4."""
     V, w, n = 5, 2, 60000
     p_root, p_next, q_first, q_second = (t.float() for t in case(V, w, 7))
@@ -111,8 +111,8 @@ def test_verify_tree_samples_pass_a_chi_square_against_the_exact_joint():
     q_drafts = q_second[cands].unsqueeze(2)  # [n, w, 1, V]
     drafts = torch.multinomial(q_drafts.view(-1, V), 1, generator=g).view(n, w, 1)
     p_nodes = torch.stack([p_next[cands], p_next[cands]], dim=2)  # [n, w, 2, V] (bonus row unused here)
-    tokens, emitted, branch = verify_tree(cands, q_first.expand(n, V), drafts, q_drafts, p_root.expand(n, V),
-                                          p_nodes, g)
+    on = [t.to(device) for t in (cands, q_first.expand(n, V), drafts, q_drafts, p_root.expand(n, V), p_nodes)]
+    tokens, emitted, branch = (t.cpu() for t in verify_tree(*on, torch.Generator(device).manual_seed(12)))
     second = torch.where(emitted >= 2, tokens[:, 1], torch.multinomial(p_next[tokens[:, 0]], 1, generator=g).squeeze(1))
     observed = torch.bincount(tokens[:, 0] * V + second, minlength=V * V).double()
     expected = (p_root.double().unsqueeze(1) * p_next.double()).flatten() * n

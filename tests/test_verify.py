@@ -101,14 +101,16 @@ def test_exact_output_distribution_equals_target_for_one_hot_drafts(k):
     assert max(abs(got[s] - want[s]) for s in want) < 1e-6
 
 
-def test_monte_carlo_output_passes_chi_square_against_target():
+def test_monte_carlo_output_passes_chi_square_against_target(device):
     """Seeded; a correct sampler fails with probability 1e-4 (the p-value threshold) per cell set."""
     gen = torch.Generator().manual_seed(0)
     k, n = 2, 40_000
     p_rows = torch.stack([random_dist(gen) for _ in range(k + 1)]).float()  # position-wise, prefix-free
     q_rows = torch.stack([random_dist(gen) for _ in range(k)]).float()
     drafts = torch.stack([torch.multinomial(q_rows[i], n, replacement=True, generator=gen) for i in range(k)], 1)
-    tokens, emitted = verify(drafts, q_rows.expand(n, k, V), p_rows.expand(n, k + 1, V), generator=gen)
+    on = torch.Generator(device).manual_seed(0)  # verify samples on `device`
+    tokens, emitted = (t.cpu() for t in verify(drafts.to(device), q_rows.expand(n, k, V).to(device),
+                                               p_rows.expand(n, k + 1, V).to(device), generator=on))
     # complete every output to k+1 tokens from p, then test the joint of the first two tokens
     fill = torch.stack([torch.multinomial(p_rows[i], n, replacement=True, generator=gen) for i in range(k + 1)], 1)
     full = torch.where(tokens >= 0, tokens, fill)

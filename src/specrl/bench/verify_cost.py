@@ -1,0 +1,184 @@
+"""What verifying K drafts costs against a plain decode step, by batch, measured next to the simulator's figure.
+
+    python -m specrl.bench.verify_cost [--device cuda] [--models smollm2-135m,llama-3.2-1b,llama-3.1-8b]
+                                       [--batches 1,4,16,64,256] [--ks 0,1,3,7] [--context 512] [--rounds 10]
+
+For each model of the simulator's catalogue (`specrl.sim.models`; dense Llama-shaped ones), it builds a decoder
+of that shape with random weights (bf16 on a GPU, fp32 on the CPU; `Decoder`), with a KV cache of `--context`
+tokens per row, and times one forward of B rows x (K + 1) new tokens against it: the target's verify pass
+(K = 0 is a plain decode step). On a GPU each shape is captured as a CUDA graph and timed by its replays with
+CUDA events, as a serving engine runs decode steps: an eager forward there measures kernel launches, not the
+hardware. Median of `--rounds`. Next to each figure it prints the simulator's `Engine.target_time` for the
+same shape on the matching device (h100 / h200 / cpu), and each pass's ratio to the plain step. Ends with one
+JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from specrl.sim.hardware import get_device
+from specrl.sim.iteration import Engine
+from specrl.sim.models import get_model
+
+
+class Decoder:
+    """A dense Llama-shaped decoder of `spec`'s shape with random weights, reduced to what costs time: per layer
+    the fused qkv, o, gate-up and down projections, SDPA over a preallocated KV cache (GQA), RMS norms and the
+    SwiGLU; then the LM head. RoPE is left out (elementwise, a few microseconds)."""
+
+    def __init__(self, name: str, device: torch.device, dtype: torch.dtype):
+        spec = self.spec = get_model(name)
+        if spec.is_moe or spec.attn_params_override is not None:
+            raise ValueError(f"{name}: only dense Llama-shaped models can be built here")
+        g = torch.Generator(device).manual_seed(0)
+
+        def weight(*shape):
+            return (torch.randn(*shape, generator=g, device=device) * 0.02).to(dtype)
+
+        H, KV, D, E = spec.heads, spec.kv_heads, spec.head_dim, spec.hidden
+        self.embed = weight(spec.vocab, E)
+        self.layers = [{"qkv": weight((H + 2 * KV) * D, E), "o": weight(E, H * D),
+                        "gate_up": weight(2 * spec.ffn, E), "down": weight(E, spec.ffn)} for _ in range(spec.layers)]
+        self.lm_head = self.embed if spec.tied else weight(spec.vocab, E)
+        self.device, self.dtype = device, dtype
+
+    def cache(self, batch: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        s = self.spec
+        return [(torch.randn(batch, s.kv_heads, length, s.head_dim, device=self.device).to(self.dtype),
+                 torch.randn(batch, s.kv_heads, length, s.head_dim, device=self.device).to(self.dtype))
+                for _ in self.layers]
+
+    def forward(self, ids: torch.Tensor, cache, context: int) -> torch.Tensor:
+        """Logits of ids [B, T] after `context` cached tokens. Each new token attends to all context + T keys: the
+        causal mask among the T new ones is left out, since it changes what is computed over T of ~context keys,
+        not the cost, and an explicit mask would keep SDPA off its flash kernel (2-3x slower at 256 rows)."""
+        s, (B, T) = self.spec, ids.shape
+        H, KV, D = s.heads, s.kv_heads, s.head_dim
+        norm = torch.nn.functional.rms_norm
+        h = self.embed[ids]
+        for w, (k_cache, v_cache) in zip(self.layers, cache):
+            q, k, v = (norm(h, (s.hidden,)) @ w["qkv"].T).split([H * D, KV * D, KV * D], dim=-1)
+            k_cache[:, :, context:context + T] = k.view(B, T, KV, D).transpose(1, 2)
+            v_cache[:, :, context:context + T] = v.view(B, T, KV, D).transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.view(B, T, H, D).transpose(1, 2), k_cache[:, :, :context + T], v_cache[:, :, :context + T],
+                enable_gqa=True)
+            h = h + out.transpose(1, 2).reshape(B, T, H * D) @ w["o"].T
+            gate, up = (norm(h, (s.hidden,)) @ w["gate_up"].T).chunk(2, dim=-1)
+            h = h + (torch.nn.functional.silu(gate) * up) @ w["down"].T
+        return norm(h, (s.hidden,)) @ self.lm_head.T
+
+
+def sim_device_name(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    for known in ("h200", "h100", "b200", "gb200"):
+        if known in name.lower():
+            return known
+    raise ValueError(f"no simulator device matches {name!r}")
+
+
+class Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        """Milliseconds of one call of fn."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def timed_pass(model: Decoder, batch: int, k: int, context: int):
+    """A function that runs one verify pass of this shape: a CUDA graph's replay on a GPU (how serving engines
+    run decode steps: no launch gaps), the eager forward on the CPU."""
+    cache = model.cache(batch, context + k + 1)
+    ids = torch.randint(0, model.spec.vocab, (batch, k + 1), device=model.device)
+    def run():
+        model.forward(ids, cache, context)
+
+    if model.device.type != "cuda":
+        return run
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
+@torch.no_grad()
+def measure(name: str, device: torch.device, dtype: torch.dtype, batches: list[int], ks: list[int], context: int,
+            rounds: int) -> list[dict]:
+    model, timer = Decoder(name, device, dtype), Timer(device)
+    engine = Engine(get_device(sim_device_name(device)), model.spec)
+    rows = []
+    for batch in batches:
+        for k in ks:
+            run = timed_pass(model, batch, k, context)
+            for _ in range(3):
+                run()
+            ms = statistics.median(timer(run) for _ in range(rounds))
+            sim_ms = float(engine.target_time(batch, k, batch * context)) * 1e3
+            rows.append({"model": name, "batch": batch, "k": k, "ms": ms, "sim_ms": sim_ms})
+            del run
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    plain = {r["batch"]: r for r in rows if r["k"] == 0}
+    for r in rows:
+        r["over_plain"] = r["ms"] / plain[r["batch"]]["ms"]
+        r["sim_over_plain"] = r["sim_ms"] / plain[r["batch"]]["sim_ms"]
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--models", default="smollm2-135m,llama-3.2-1b,llama-3.1-8b")
+    parser.add_argument("--batches", default="1,4,16,64,256", help="rows (sequences) per pass")
+    parser.add_argument("--ks", default="0,1,3,7", help="drafts verified per row (0 = a plain decode step)")
+    parser.add_argument("--context", type=int, default=512, help="cached tokens per row")
+    parser.add_argument("--rounds", type=int, default=10, help="timed passes per shape (median)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    batches, ks = [int(b) for b in args.batches.split(",")], [int(k) for k in args.ks.split(",")]
+    if 0 not in ks:
+        ks = [0, *ks]
+    rows = []
+    label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {label}, {dtype}, context {args.context}, median of {args.rounds}")
+    print(f"{'model':>14} {'B':>4} {'K':>3} {'ms':>9} {'x plain':>8} {'sim ms':>9} {'sim x plain':>11}")
+    for name in args.models.split(","):
+        for r in measure(name, device, dtype, batches, ks, args.context, args.rounds):
+            rows.append(r)
+            print(f"{r['model']:>14} {r['batch']:>4} {r['k']:>3} {r['ms']:>9.3f} {r['over_plain']:>8.2f} "
+                  f"{r['sim_ms']:>9.3f} {r['sim_over_plain']:>11.2f}", flush=True)
+    summary = {"bench": "verify_cost", "device": label, "dtype": str(dtype), "context": args.context,
+               "rounds": args.rounds, "rows": rows}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
