@@ -1,9 +1,7 @@
 """The adaptive-K controller on synthetic step times."""
 import numpy as np
-import pytest
 
 from specrl.speculation.planner import SpeculationController, StepTimeModel
-from specrl.speculation.stop_hazard import StopHazard
 from specrl.speculation.acceptance import expected_tokens
 
 
@@ -291,60 +289,11 @@ def test_tokens_past_a_rows_stop_are_not_counted():
     a, g = 0.9, 1 - 1 / 8
     controller.observe(8, 4, 0.01, [round(8 * a ** (i + 1)) for i in range(4)])
     for _ in range(200):
-        controller.observe(8, 0, 0.001, [], kept=[1] * 8, stopped=[True] + [False] * 7)
+        controller.observe(8, 0, 0.001, [], kept_tokens=8, stopped_rows=1)
     prefix = controller.acceptance[1].prefix
     assert abs(controller.expected(4) - (1 + sum(p * g ** (i + 1) for i, p in enumerate(prefix)))) < 1e-9
     acceptance = prefix[0]  # one observation: the estimate is the observed share, i.i.d. within rounding
     assert abs(controller.expected(1) - (1 - (acceptance * g) ** 2) / (1 - acceptance * g)) < 1e-9
-
-
-def test_the_stop_hazard_is_learned_per_generated_position():
-    """Responses that all end at their fifth token: h = 1 at position 4 and 0 before it, but for the prior's pull
-    towards the overall rate (1 stop in 5 kept tokens), which is all position 5, never reached, has."""
-    stops = StopHazard()
-    for _ in range(40):
-        for n in range(5):
-            stops.observe([n], [1], [n == 4])
-    h = stops.hazard(np.arange(6))
-    assert stops.rate == pytest.approx(0.2, abs=0.01)  # each step forgets 1% of the counts: recent ones weigh more
-    assert h[4] > 0.85 and max(h[:4]) < 0.05 and h[5] == pytest.approx(stops.rate)
-    # G_i: the mean over rows of the chance that none of the row's tokens up to i is its last
-    rows = [4, 0, 2]
-    want = np.mean([np.cumprod(1 - h[np.minimum(np.arange(n, n + 3), 5)]) for n in rows], axis=0)
-    assert np.allclose(stops.go_on(3, rows), want)
-    assert stops.go_on(2) == pytest.approx([1 - stops.rate, (1 - stops.rate) ** 2])  # no rows: the overall rate
-
-
-def test_a_step_keeping_several_tokens_counts_each_position_once():
-    one_at_a_time, whole = StopHazard(), StopHazard()
-    for n in range(6):
-        one_at_a_time.observe([n], [1], [n == 5])
-    whole.observe([0], [6], [True])
-    assert np.allclose(one_at_a_time.reached, whole.reached) and np.allclose(one_at_a_time.ended, whole.ended)
-    with pytest.raises(ValueError, match="prior_rows"):
-        StopHazard(prior_rows=0)
-
-
-def test_rows_at_their_responses_end_are_priced_by_where_they_are():
-    """Every response ends at its sixth token and every draft is accepted; speculation pays for each token kept
-    (memory-bound). A row at generated position n keeps at most 6 - n tokens, so the best k is 5 - n (at most
-    max_k): one stop rate for all positions (1 in 6) would draft k = 4 everywhere, past the end."""
-    cost = lambda b, k: 0.05 + 0.002 * k  # noqa: E731
-    controller = SpeculationController(max_k=4, prior_rows=0.0, refresh_every=1000)  # no plain steps to refresh fits
-    for _ in range(30):
-        for n in range(6):
-            k = controller.choose_step(8, None, np.full(8, n))[0]
-            controller.observe(8, k, cost(8, k), [8] * k, kept=np.full(8, 1), stopped=np.full(8, n == 5))
-        controller.prefilled()
-    chosen = []
-    for n in range(6):
-        chosen.append(controller.choose_step(8, None, np.full(8, n))[0])
-        controller.observe(8, chosen[-1], cost(8, chosen[-1]), [8] * chosen[-1], kept=np.full(8, 1),
-                           stopped=np.full(8, n == 5))
-    assert chosen == [4, 4, 3, 2, 1, 0]
-    assert controller.choose_step(8, None, np.full(8, 0))[0] == 0  # plain decoding, chosen at batch 8, stands
-    controller.prefilled()  # until the next call's prefill: its rows are elsewhere in their responses
-    assert controller.choose_step(8)[0] == 4  # without positions: the overall rate (a stop in 6 tokens)
 
 
 def test_no_step_drafts_past_the_room_rows_have_left():

@@ -4,7 +4,7 @@ One `generate` call:
     prefill    each distinct prompt once (all but its last token), then its KV rows are
                copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
-    choose k   k, w = controller.choose_step(live batch, room, generated)  (k = 0 plain decoding; w > 1 a tree)
+    choose k   k, w = controller.choose_step(live batch, room)  (k = 0 plain decoding; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
                (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
@@ -240,9 +240,8 @@ class RolloutEngine:
         B = batch.size
         step_start = time.perf_counter()
         speculating = self.controller.max_k > 0  # else nothing reads the controller's fits: it is not fed
-        generated = (batch.num_tokens - batch.prompt_len).numpy() if speculating else None
-        room = call.params.max_tokens - int(generated.min()) if speculating else None
-        k, width = self.controller.choose_step(B, room, generated)
+        room = call.params.max_tokens - int((batch.num_tokens - batch.prompt_len).min()) if speculating else None
+        k, width = self.controller.choose_step(B, room)
         tree = TreeShape(width, k) if width > 1 else None
         proposal, draft_seconds = self._propose(batch, call, k, width)
         probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)
@@ -263,7 +262,7 @@ class RolloutEngine:
         step_seconds = time.perf_counter() - step_start
         if speculating:
             self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
-                                    kept=kept.numpy(), stopped=stopped.numpy())
+                                    kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         if done.any():
@@ -333,15 +332,14 @@ class RolloutEngine:
 
     def _apply_stop_rules(self, batch: LiveBatch, emitted, num_emitted, call: CallState):
         """Cut each row at its first stop token, stop string or max_tokens; advance num_tokens by what
-        it keeps. Returns (done [B] bool, stopped [B] bool: ended by a stop token or string, kept [B]: the
-        tokens each row kept)."""
+        it keeps. Returns (done [B] bool, stopped [B] bool: ended by a stop token or string, the tokens kept)."""
         params = call.params
         keep_n, stopped = self._tokens_to_keep(emitted, num_emitted, batch.num_tokens - batch.prompt_len,
                                                call.stop_ids, params)
         if params.stop:
             keep_n, stopped = self._apply_stop_strings(batch, keep_n, stopped, params)
         batch.num_tokens += keep_n
-        return stopped | (batch.num_tokens - batch.prompt_len >= params.max_tokens), stopped, keep_n
+        return stopped | (batch.num_tokens - batch.prompt_len >= params.max_tokens), stopped, int(keep_n.sum())
 
     def _retire(self, batch: LiveBatch, done: torch.Tensor, stopped: torch.Tensor, call: CallState) -> None:
         """Finished rows become Completions and leave the batch (and the proposer's state)."""

@@ -10,16 +10,14 @@ decoding unless the best beats it by `min_gain` (the never-lose rule). Its users
 
 The engine's choice maximises expected tokens per second:
 
-    rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted) G_i
+    rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted) g^(i+1)
 
-counting the tokens a row keeps: G_i is the chance that none of a live row's tokens from here to
-draft i is its last (`stop_hazard`: per generated position, from the steps run, averaged over the live
-rows' positions, which the engine passes to `choose_step`). A chain drafted past a row's stop token is
-thrown away: on `tiny`, whose responses stop after 7-10 tokens, chains of 6 drafted at batch 8 won
-every step on its own and lost the call (0.88x), the second chain of each response being mostly past
-its end; and with one stop rate for every position, k = 1 ran at batch 32-37, where most rows were at
-their answer's last token, and lost. Likewise a step drafts no further than the most tokens a live row
-may still emit before max_tokens (`room`).
+counting the tokens a row keeps: g is the chance that a kept token is not the row's last, 1 - the
+stop tokens (and strings) per kept token, from decayed counts of the steps run. A chain drafted past
+a row's stop token is thrown away: on `tiny`, whose responses stop after 7-10 tokens, chains of 6
+drafted at batch 8 won every step on its own and lost the call (0.88x), the second chain of each
+response being mostly past its end. Likewise a step drafts no further than the most tokens a live
+row may still emit before max_tokens (`room`).
 
 Trees (`speculation.tree`: w candidate first tokens, each with its own chain of k - 1 drafts) are
 options too when the proposer drafts them (`max_width` > 1) and the step stays small (B * (1 + w k)
@@ -98,8 +96,7 @@ next, up to `refresh_max` steps; speculating again resets it. So a draft that ne
 a refresh per `refresh_every` steps at first and ever fewer later (on `tiny`, where a refresh
 step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only where it could pay.
 Where pricing chose plain decoding, the next `reprice_every` - 1 steps at that batch size decode
-plainly without pricing (and without fitting), within the call (a prefill ends the hold: a single row
-at its answer's last token must not hold the next call's first steps plain). Because
+plainly without pricing (and without fitting). Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
 than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
 costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
@@ -114,7 +111,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrl.speculation.acceptance import AcceptanceEstimate
-from specrl.speculation.stop_hazard import StopHazard
 
 
 def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
@@ -214,7 +210,7 @@ class SpeculationController:
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
     plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters)
-    stop_decay: float = 0.99  # each step keeps this share of the overall stop and kept-token counts (`StopHazard`)
+    stop_decay: float = 0.99  # each step keeps this share of the stop and kept-token counts
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
     refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell whether the draft got
     # better, and at a large batch a k = 8 refresh (the int8 self-draft's max_k) costs ~9 plain steps
@@ -244,9 +240,7 @@ class SpeculationController:
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
         self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
-        self.stops = StopHazard(decay=self.stop_decay)  # where rows end (G_i, module docstring)
-        self._generated = None  # the live rows' generated tokens at the step being chosen (`choose_step`)
-        self._profile: list[float] | None = None  # their G_0..G_{max_k-1}, computed when first priced
+        self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
         self._option_rows: dict[tuple[int, int | None], tuple] = {}  # (batch, room) -> `_priced_options`
@@ -264,10 +258,8 @@ class SpeculationController:
 
     def prefilled(self) -> None:
         """A prefill (a call's prompts, or the live rows' cache after an in-flight weight update) just ran:
-        the next step is not fitted (module docstring), and plain decoding chosen for the rows before it no longer
-        stands: new rows are elsewhere in their responses (`StopHazard`)."""
+        the next step is not fitted (module docstring)."""
         self._after_prefill = True
-        self._plain_holds.clear()
 
     @property
     def widest(self) -> int:
@@ -301,7 +293,8 @@ class SpeculationController:
             return True
         k, width = option
         seconds = self._as_plain_pass(option, batch) + self._draft_price(option, batch)
-        best_tokens = 1.0 + sum(self._go_on()[:k])
+        go_on = 1.0 - self.stop_rate
+        best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
 
     def _as_plain_pass(self, option: tuple[int, int], batch: int) -> float:
@@ -331,12 +324,9 @@ class SpeculationController:
         k, w = option
         return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
 
-    def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
+    def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
         """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding. `room`: the
-        most tokens any live row may still emit (max_tokens less what it has); no step drafts past it.
-        `generated`: the tokens each live row has generated (where it is in its response: `StopHazard`);
-        without it, every row is priced by the overall stop rate."""
-        self._generated, self._profile = generated, None
+        most tokens any live row may still emit (max_tokens less what it has); no step drafts past it."""
         if not self.adaptive or self.max_k == 0:
             return self.max_k, self.fixed_width
         if room is not None and room <= 1:  # no draft could be kept
@@ -387,20 +377,15 @@ class SpeculationController:
                                               np.stack([self.draft_times.features(batch, *o) for o in allowed[1:]]))
         return self._option_rows[batch, room]
 
-    def _go_on(self) -> list[float]:
-        """G_0, ..., G_{max_k - 1} of the live rows of the step being chosen (module docstring)."""
-        if self._profile is None:
-            self._profile = self.stops.go_on(self.max_k, self._generated)
-        return self._profile
-
     def _expected_curves(self) -> list[list[float]]:
         """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring). Plain Python: at
         these sizes numpy's per-call cost is most of the work."""
-        curves = []
+        go_on, curves = 1.0 - self.stop_rate, []
         for width in range(1, self.widest + 1):
-            curve = [1.0]
-            for accepted, go_on in zip(self.acceptance[width].prefix, self._go_on()):
-                curve.append(curve[-1] + accepted * go_on)
+            curve, kept = [1.0], 1.0
+            for accepted in self.acceptance[width].prefix:
+                kept *= go_on
+                curve.append(curve[-1] + accepted * kept)
             curves.append(curve)
         return curves
 
@@ -412,15 +397,19 @@ class SpeculationController:
         """tau(k): the tokens a row keeps from a step with k drafts (module docstring)."""
         return self._expected_curves()[width - 1][k]
 
+    @property
+    def stop_rate(self) -> float:
+        """Stop tokens (and strings) per kept token, over the recent steps."""
+        return self.stopped_rows / self.kept_tokens if self.kept_tokens else 0.0
+
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
-                draft_seconds: float = 0.0, width: int = 1, kept=None, stopped=None) -> None:
+                draft_seconds: float = 0.0, width: int = 1, kept_tokens: int = 0, stopped_rows: int = 0) -> None:
         """Record one step: its wall time (of which `draft_seconds` inside the proposer), per draft
-        position along the accepted path how many rows accepted it, and per row the tokens it kept and
-        whether a stop token or string ended it (rows in the order of the `generated` that `choose_step`
-        was given)."""
-        if kept is not None:
-            generated = self._generated if self._generated is not None else np.zeros(len(kept), dtype=np.int64)
-            self.stops.observe(generated, kept, stopped)
+        position along the accepted path how many rows accepted it, the tokens its rows kept and how
+        many rows a stop token or string ended."""
+        if kept_tokens:
+            self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
+            self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         first, self._after_prefill = self._after_prefill, False
         if k and not self._drafted:  # the first speculative step pays one-time costs (module docstring)
