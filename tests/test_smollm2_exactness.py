@@ -1,8 +1,10 @@
-"""Exactness on the real model over whole responses: SmolLM2-135M with the shipped EAGLE-3 head.
+"""Exactness on the real model over whole responses: SmolLM2-135M with the shipped EAGLE-3 head, and with the
+int8 self-draft over its registered output vocabulary (8192 ids; tokens outside it come from the residual).
 
 The tiny-model chi-square tests cover the first two tokens. Here every token of a response counts,
 after a scripted mix of plain steps, chains and trees (the head catches up after plain steps, trees
-run at depths 2 and 3, rows end mid-chain at max_tokens), under every sampling option.
+run at depths 2 and 3, the int8 chains run to k = 8, rows end mid-chain at max_tokens), under every
+sampling option.
 
 The statistic: for a token x sampled at position t, its randomized probability integral transform
 under the target's exact conditional p_t = p(. | context, x_<t), computed by a clean forward of the
@@ -34,8 +36,9 @@ from specrl.models.checkpoint import load_causal_lm, load_tokenizer
 from specrl.models.llama import LlamaModel
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
+from specrl.backends import BackendConfig, resolve_models
 from specrl.speculation.head_proposer import HeadProposer
-from specrl.speculation.proposer_registry import load_head
+from specrl.speculation.proposer_registry import build_proposer, load_head
 from specrl.tasks.presets import preset_prompts
 
 pytestmark = [
@@ -48,30 +51,37 @@ pytestmark = [
 ROWS, TOKENS = int(os.environ.get("SPECRL_EXACTNESS_ROWS", 128)), 10
 # (k, width) per step, cycled: plain steps between speculative ones (the head's catch-up), chains, and
 # trees at depth 2 and 3
-SCHEDULE = [(0, 1), (3, 1), (0, 1), (0, 1), (2, 3), (1, 1), (3, 3), (0, 1), (3, 3), (2, 1)]
+SCHEDULES = {"eagle3": [(0, 1), (3, 1), (0, 1), (0, 1), (2, 3), (1, 1), (3, 3), (0, 1), (3, 3), (2, 1)],
+             "int8": [(0, 1), (3, 1), (0, 1), (8, 1), (1, 1), (5, 1)]}  # the int8 self-draft drafts chains
 
 
 class Scripted(SpeculationController):
-    def __init__(self):
-        super().__init__(max_k=3, max_width=3)
-        self.step = 0
+    def __init__(self, schedule: list[tuple[int, int]]):
+        super().__init__(max_k=max(k for k, _ in schedule), max_width=max(w for _, w in schedule))
+        self.schedule, self.step = schedule, 0
 
     def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
         self.step += 1
-        return SCHEDULE[(self.step - 1) % len(SCHEDULE)]
+        return self.schedule[(self.step - 1) % len(self.schedule)]
 
 
 @pytest.fixture(scope="module")
 def smollm2():
+    """Per proposer, an engine with its scripted controller; the clean reference model; the prompt's ids."""
     torch.set_num_threads(2)
     path = resolve_checkpoint("smollm2-135m")
     tokenizer = load_tokenizer(path)
     target = LlamaModel.from_pretrained(path)
     head = load_head(draft_checkpoint("smollm2-135m", "eagle3", None), target, "eagle3")
-    engine = RolloutEngine(target, tokenizer, HeadProposer(head), EngineConfig(num_speculative_tokens=3))
-    engine.controller = Scripted()
+    vocabulary = resolve_models(BackendConfig(model="smollm2-135m", proposer="int8")).vocabulary
+    int8 = build_proposer("int8", target, None, 8, 3, "eagle3", vocabulary)
+    assert int8.model.d2t is not None and int8.model.d2t.numel() == 8192  # the registered output vocabulary
+    engines = {}
+    for name, proposer in (("eagle3", HeadProposer(head)), ("int8", int8)):
+        engines[name] = RolloutEngine(target, tokenizer, proposer, EngineConfig(num_speculative_tokens=8))
+        engines[name].controller = Scripted(SCHEDULES[name])
     prompt = preset_prompts("smollm2-135m", tokenizer, 1, seed=3)[0]
-    return engine, load_causal_lm(path).eval(), tokenizer.encode(prompt, add_special_tokens=False)
+    return engines, load_causal_lm(path).eval(), tokenizer.encode(prompt, add_special_tokens=False)
 
 
 def pit_and_logprob_terms(reference, prompt: list[int], responses: list[list[int]], params: SamplingParams,
@@ -85,12 +95,15 @@ def pit_and_logprob_terms(reference, prompt: list[int], responses: list[list[int
 
 @pytest.mark.parametrize("options", [dict(temperature=1.0), dict(temperature=1.0, top_k=20),
                                      dict(temperature=0.8, top_p=0.9)], ids=["T1", "top_k=20", "T0.8-top_p=0.9"])
-def test_whole_responses_after_mixed_chain_and_tree_steps_follow_the_exact_distribution(smollm2, options):
-    engine, reference, prompt = smollm2
+@pytest.mark.parametrize("proposer", ["eagle3", "int8"])
+def test_whole_responses_after_mixed_chain_and_tree_steps_follow_the_exact_distribution(smollm2, proposer, options):
+    engines, reference, prompt = smollm2
+    engine = engines[proposer]
     engine.controller.step = 0
     params = SamplingParams(n=ROWS, max_tokens=TOKENS, ignore_eos=True, seed=11, **options)
     result = engine.generate([prompt], params)
-    assert {w for _, w in SCHEDULE if _} <= set(result.width_histogram) and result.spec.num_accepted_tokens > 0
+    assert {w for k, w in SCHEDULES[proposer] if k} <= set(result.width_histogram)
+    assert result.spec.num_accepted_tokens > 0
     responses = [c.token_ids for c in result.completions]
     u, d, var, logp = pit_and_logprob_terms(reference, prompt, responses, params, seed=5)
     recorded = torch.tensor([c.logprobs for c in result.completions], dtype=torch.float64)
