@@ -6,16 +6,11 @@ Chain of invariants:
                                  keeps activations fp32); on VNNI, with each projection's input rounded too
                                  (`small_gemm.quantize_activations`), to within a step of that rounding;
     it shares the embeddings and norms, and a later load_weights on the target leaves it as it was;
-    int8_copy(model, vocabulary) == the full copy's logits at those ids (a reduced LM head, d2t = the ids), on
-                                 every kernel; `output_vocabulary` reads a draft checkpoint's d2t, and refuses one
-                                 made for another vocabulary or missing its d2t, by name;
     the proposer rebuilds the copy after a weight sync, and only then (never stale, never rebuilt for nothing);
     its exactness (speculation on == off at temperature 0, chi-square at temperature 1, q a distribution)
     runs with every other proposer in tests/test_engine.py.
 """
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -57,46 +52,6 @@ def test_the_int8_copy_computes_the_network_with_rounded_weights(target_dir, ker
     plain, _ = model.forward(tokens, model.new_cache(2, 8))
     assert not torch.allclose(got, plain, atol=1e-6)  # it is rounded
     assert draft.embed is model.embed and draft.final_norm is model.final_norm
-
-
-@pytest.mark.parametrize("kernel", [*int8_kernels(), "eager"])
-def test_a_reduced_vocabulary_copy_scores_its_ids_as_the_full_copy_does(target_dir, kernel):
-    model = LlamaModel.from_pretrained(target_dir, fast_path=kernel != "eager")
-    kernel = None if kernel == "eager" else kernel
-    ids = torch.tensor([3, 0, 17, 39, 8])
-    full, reduced = model.int8_copy(kernel), model.int8_copy(kernel, vocabulary=ids)
-    tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
-    want, _ = full.forward(tokens, full.new_cache(2, 6))
-    got, _ = reduced.forward(tokens, reduced.new_cache(2, 6))
-    assert torch.equal(reduced.d2t, ids) and full.d2t is None and model.d2t is None
-    torch.testing.assert_close(got, want[..., ids], rtol=0, atol=1e-6)  # row by row, the same rounding
-    with pytest.raises(ValueError, match="outside the target vocabulary"):
-        model.int8_copy(kernel, vocabulary=torch.tensor([0, 40]))
-
-
-def test_the_output_vocabulary_is_read_from_a_draft_checkpoint_and_checked(tmp_path):
-    from safetensors.torch import save_file
-
-    from specrl.models.checkpoint import output_vocabulary
-
-    def checkpoint(name, config, tensors):
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(config))
-        save_file(tensors, str(folder / "model.safetensors"))
-        return folder
-
-    head = {"lm_head.weight": torch.zeros(3, 4)}
-    good = checkpoint("good", {"vocab_size": 40, "draft_vocab_size": 3}, {**head, "d2t": torch.tensor([5, 1, 9])})
-    assert output_vocabulary(good, 40).tolist() == [5, 1, 9]
-    assert output_vocabulary(checkpoint("full", {"vocab_size": 40}, head), 40) is None
-    with pytest.raises(ValueError, match="made for a target of 40 ids, this one has 50"):
-        output_vocabulary(good, 50)
-    with pytest.raises(ValueError, match="no 'd2t' tensor"):
-        output_vocabulary(checkpoint("no-d2t", {"vocab_size": 40, "draft_vocab_size": 3}, head), 40)
-    with pytest.raises(ValueError, match="same target id"):
-        output_vocabulary(checkpoint("twice", {"vocab_size": 40, "draft_vocab_size": 3},
-                                     {**head, "d2t": torch.tensor([5, 5, 9])}), 40)
 
 
 class RoundedInputs:

@@ -10,10 +10,10 @@ import torch
 
 from specrl.engine.engine import EngineConfig
 from specrl.generation import GenerateResult
-from specrl.models.registry import draft_checkpoint, draft_for, resolve_checkpoint
+from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import (ModelDraftChoice, ProposerChoice, default_speculative_tokens,
-                                                   draft_kind, vocabulary_kind)
+                                                   draft_kind)
 from specrl.validation import check_fields, within
 
 
@@ -33,9 +33,6 @@ class BackendConfig(EngineConfig):
     draft: str | None = None  # checkpoint of the draft / eagle3 / mtp head; None = the model's registered one
     hybrid_model: ModelDraftChoice = "eagle3"  # the model-draft half of proposer=hybrid: draft | eagle3 | mtp
     ngram_max_n: int = within(3, "[1, inf)")  # longest tail the n-gram proposer matches
-    # the int8 self-draft's LM head: "draft", the reduced output vocabulary (d2t) of the model's registered draft
-    # checkpoint (or of backend.draft), where it has one (smollm2-135m: the 8192 ids it emits most); "full", every id
-    output_vocab: Literal["draft", "full"] = "draft"
     # embedded engine: run projections through the fast path, specrl's compiled small-row matmul kernel
     # (built by `make`); false = eager PyTorch. Where the kernel cannot run, a warning says why and eager runs.
     compile: bool = True
@@ -66,7 +63,6 @@ class ModelSet:
     draft: Path | None = None
     policy_source: str = ""  # e.g. "backend.model=smollm2-135m", "checkpoint step_000010"
     draft_source: str = ""
-    vocabulary: Path | None = None  # the checkpoint whose reduced output vocabulary the proposer's head takes
 
 
 def resolve_models(config: BackendConfig) -> ModelSet:
@@ -75,10 +71,7 @@ def resolve_models(config: BackendConfig) -> ModelSet:
     draft = draft_checkpoint(config.model, config.draft_kind, config.draft)
     draft_source = "" if draft is None else \
         f"backend.draft={config.draft}" if config.draft else f"the registered {config.draft_kind} of {config.model}"
-    kind = vocabulary_kind(config.proposer)
-    named = (config.draft or draft_for(config.model, kind)) if kind and config.output_vocab == "draft" else None
-    return ModelSet(resolve_checkpoint(config.model), draft, f"backend.model={config.model}", draft_source,
-                    resolve_checkpoint(named) if named else None)
+    return ModelSet(resolve_checkpoint(config.model), draft, f"backend.model={config.model}", draft_source)
 
 
 class Backend(Protocol):

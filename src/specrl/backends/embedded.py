@@ -23,7 +23,7 @@ class EmbeddedBackend:
         self.tokenizer = load_tokenizer(models.policy)
         model = LlamaModel.from_pretrained(models.policy, fast_path=config.compile)
         self.proposer = build_proposer(config.proposer, model, models.draft, config.speculative_tokens,
-                                       config.ngram_max_n, config.hybrid_model, models.vocabulary)
+                                       config.ngram_max_n, config.hybrid_model)
         self.engine = RolloutEngine(model, self.tokenizer, self.proposer, config)  # a BackendConfig is an EngineConfig
 
     @property

@@ -171,22 +171,6 @@ def check_d2t(d2t: torch.Tensor, output_size: int, vocab_size: int, source: str)
     return d2t
 
 
-def output_vocabulary(checkpoint_dir: Path, vocab_size: int) -> torch.Tensor | None:
-    """The target ids [N] a draft checkpoint's reduced output vocabulary covers (its `d2t`, checked against a
-    target of `vocab_size` ids), or None where its head covers every id (no `draft_vocab_size`)."""
-    raw = read_config_json(checkpoint_dir)
-    size = raw.get("draft_vocab_size")
-    if not size:
-        return None
-    source = f"{checkpoint_dir} (its output vocabulary)"
-    if raw.get("vocab_size") != vocab_size:
-        raise ValueError(f"{source}: made for a target of {raw.get('vocab_size')} ids, this one has {vocab_size}")
-    d2t = load_state_dict(checkpoint_dir).get("d2t")
-    if d2t is None:
-        raise ValueError(f"{source}: config sets draft_vocab_size but the checkpoint has no 'd2t' tensor")
-    return check_d2t(d2t, int(size), vocab_size, source)
-
-
 def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
     """Raise naming the first floating-point tensor that holds NaN or infinite values."""
     for name, tensor in state.items():

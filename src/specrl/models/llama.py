@@ -288,21 +288,14 @@ class LlamaModel:
         fits = all(decoder_layer.supported(layer, self.cfg) for layer in self.layers)
         self.fused_layers = [decoder_layer.Layer.of(layer, self.cfg) for layer in self.layers] if fits else None
 
-    def int8_copy(self, kernel: str | None = None, vocabulary: torch.Tensor | None = None) -> "LlamaModel":
+    def int8_copy(self, kernel: str | None = None) -> "LlamaModel":
         """This model with every projection and the LM head rounded to int8 (`Int8Projection`, on `kernel`),
-        sharing the embeddings, norms and RoPE tables: the int8 self-draft. `vocabulary` (target ids [N]): the
-        LM head keeps only those rows, a reduced output vocabulary (`d2t`). It keeps no reference to the fp32
+        sharing the embeddings, norms and RoPE tables: the int8 self-draft. It keeps no reference to the fp32
         projections, so a later `load_weights` on this model leaves the copy as it was until it is made again."""
         draft = copy.copy(self)
         draft.layers = [{name: Int8Projection(part, kernel) if isinstance(part, Projection) else part
                          for name, part in layer.items()} for layer in self.layers]
-        head = self.lm_head
-        if vocabulary is not None:
-            if self.d2t is not None:
-                raise ValueError("int8_copy: this model's output vocabulary is reduced already")
-            vocabulary = check_d2t(vocabulary, vocabulary.numel(), self.cfg.vocab_size, "int8_copy vocabulary")
-            head = Projection(head.weight[vocabulary], fast=self.fast_path)  # rounded to int8 below, on its kernel
-        draft.lm_head, draft.d2t = Int8Projection(head, kernel), vocabulary if vocabulary is not None else self.d2t
+        draft.lm_head = Int8Projection(self.lm_head, kernel)
         draft._fuse_layers()
         return draft
 

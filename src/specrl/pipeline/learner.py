@@ -75,8 +75,7 @@ def starting_point(config: TrainConfig, resume: bool) -> tuple[Path | None, Mode
     saved = checkpoint / "draft"
     draft, draft_source = (saved, f"checkpoint {checkpoint.name}") if saved.is_dir() else \
         (configured.draft, configured.draft_source)
-    return checkpoint, ModelSet(checkpoint / "policy", draft, f"checkpoint {checkpoint.name}", draft_source,
-                                configured.vocabulary)
+    return checkpoint, ModelSet(checkpoint / "policy", draft, f"checkpoint {checkpoint.name}", draft_source)
 
 
 class Learner:

@@ -16,13 +16,6 @@ prompt prefill (through the int8 network at M = 60-1000 rows it cost ~0.4 s a ca
 speculation off at batch 4), no copy of the cache, and no catch-up feed of the accepted drafts (a pass
 of 1 + accepted tokens per row at the start of every proposal).
 
-Its LM head may cover a reduced output vocabulary (`vocabulary`: the target ids of a registered draft's
-`d2t`, `backend.output_vocab`): on SmolLM2 the head is 21% of the int8 bytes a draft pass streams, and the
-8192 ids of `smollm2-135m-draft` hold 98% of the policy's next-token mass on its task, so a draft pass
-costs 13% less at M = 1 and sampling a draft token ~6x less, for 1.3 points of acceptance (0.960 to 0.947;
-docs/drafters.md). Tokens outside it are never drafted; the verifier emits them from the residual as it
-does for any draft, so exactness does not depend on the choice.
-
 It needs no checkpoint and no training, and it never goes stale: `start` (each generate call, and
 the restart after an in-flight weight update) rebuilds the copy whenever the target's weights are
 no longer the ones it was made from (`load_weights` replaces the target's layer list, so identity
@@ -46,15 +39,15 @@ from specrl.speculation.proposer import Proposal, ProposalContext
 class Int8DraftProposer(DraftModelProposer):
     name = "int8"
 
-    def __init__(self, target: LlamaModel, vocabulary: torch.Tensor | None = None):
-        self.target, self.vocabulary = target, vocabulary  # target ids [N] the LM head covers (None: every id)
+    def __init__(self, target: LlamaModel):
+        self.target = target
         self.built_from: list | None = None  # the target's layer list the copy was made from
         self.rebuild_seconds = 0.0
         super().__init__(self._rebuild(), target.cfg.vocab_size)
 
     def _rebuild(self) -> LlamaModel:
         start = time.perf_counter()
-        self.model = self.target.int8_copy(vocabulary=self.vocabulary)
+        self.model = self.target.int8_copy()
         self.built_from = self.target.layers
         self.rebuild_seconds = time.perf_counter() - start
         return self.model
@@ -89,6 +82,5 @@ class Int8DraftProposer(DraftModelProposer):
 
 PLUGIN = ProposerKind(
     "int8", "the policy itself with int8 weights, rebuilt at every weight sync (no training)",
-    lambda s: Int8DraftProposer(s.target, s.vocabulary), default_k=8,  # accepted ~0.95 per token: long chains pay
-    vocabulary_from="draft",
+    lambda s: Int8DraftProposer(s.target), default_k=8,  # accepted ~0.97 per token: long chains pay
     vllm_refusal="vLLM has no int8 self-draft (a quantized copy of the policy as its own draft)")

@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING, Callable, Literal
 from specrl.models.llama import LlamaModel
 
 if TYPE_CHECKING:
-    import torch
-
     from specrl.speculation.draft_head import DraftHead
     from specrl.speculation.proposer import Proposer
 
@@ -44,7 +42,6 @@ class ProposerSetup:
     num_speculative_tokens: int
     ngram_max_n: int
     model_part: Proposer | None = None  # hybrid: its model-draft half, already built
-    vocabulary: torch.Tensor | None = None  # target ids [N] of a reduced output vocabulary (`vocabulary_from`)
 
 
 @dataclass(frozen=True)
@@ -62,9 +59,6 @@ class ProposerKind:
     summary: str  # one line for --help and docs
     build: Callable[[ProposerSetup], Proposer]
     checkpoint: str | None = None
-    # a checkpoint kind whose reduced output vocabulary (its d2t) this proposer's LM head covers, where the target
-    # registers one (`backend.output_vocab`): the int8 self-draft scores only the ids the target emits most
-    vocabulary_from: str | None = None
     vllm: Callable[[VLLMSetup], dict] | None = None  # speculative_config keys ("method" and its own)
     vllm_refusal: str = ""  # why vLLM cannot serve it (where vllm is None)
     training: Literal["draft_model", "head"] | None = None

@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from specrl.models.checkpoint import output_vocabulary, read_config_json
+from specrl.models.checkpoint import read_config_json
 from specrl.models.llama import LlamaModel
 from specrl.models.registry import DRAFT_CHECKPOINTS
 from specrl.speculation import draft_model, eagle3, hybrid, int8_draft, mtp, ngram, suffix
@@ -61,25 +61,18 @@ def draft_kind(proposer: str, hybrid_model: str) -> str | None:
     return hybrid_model if KINDS[proposer].wraps_model_draft else KINDS[proposer].checkpoint
 
 
-def vocabulary_kind(proposer: str) -> str | None:
-    """The checkpoint kind whose reduced output vocabulary a proposer's LM head takes (`vocabulary_from`), or None."""
-    return KINDS[proposer].vocabulary_from if proposer in KINDS else None
-
-
 def default_speculative_tokens(proposer: str) -> int:
     """K for a config that leaves num_speculative_tokens unset: the kind's `default_k` (0 for none)."""
     return KINDS[proposer].default_k if proposer in KINDS else 0
 
 
 def build_proposer(proposer: str, target: LlamaModel, checkpoint: Path | None, num_speculative_tokens: int,
-                   ngram_max_n: int, hybrid_model: str, vocabulary: Path | None = None) -> Proposer | None:
+                   ngram_max_n: int, hybrid_model: str) -> Proposer | None:
     """The proposer `proposer` names for the embedded engine (None for "none"); `checkpoint` is the
-    folder `models.registry.draft_checkpoint` resolved for it, `vocabulary` the checkpoint whose reduced output
-    vocabulary its LM head takes (`vocabulary_kind`; None: every id)."""
+    folder `models.registry.draft_checkpoint` resolved for it."""
     if proposer == "none":
         return None
-    ids = output_vocabulary(vocabulary, target.cfg.vocab_size) if vocabulary is not None else None
-    setup = ProposerSetup(target, checkpoint, num_speculative_tokens, ngram_max_n, vocabulary=ids)
+    setup = ProposerSetup(target, checkpoint, num_speculative_tokens, ngram_max_n)
     if KINDS[proposer].wraps_model_draft:
         setup = dataclasses.replace(setup, model_part=KINDS[hybrid_model].build(setup))
     return KINDS[proposer].build(setup)
