@@ -77,3 +77,13 @@ def test_the_verify_cost_bench_times_every_shape_and_ends_with_its_json_line(cap
     assert all(r["ms"] > 0 and r["sim_ms"] > 0 for r in summary["rows"])
     assert all(r["over_plain"] == 1.0 for r in summary["rows"] if r["k"] == 0)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
+
+
+def test_the_trainer_step_bench_times_each_precision_and_ends_with_its_json_line(capsys):
+    from specrl.bench.trainer_step import main
+
+    summary = main(["--device", "cpu", "--models", "tiny", "--sequences", "2", "--prompt-tokens", "4",
+                    "--response-tokens", "4", "--rounds", "1"])
+    assert [r["precision"] for r in summary["rows"]] == ["fp32", "bf16"]
+    assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in summary["rows"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
