@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from specrl.bench.verify_cost import sim_device_name
+from specrl.bench.verify_cost import dense_spec, sim_device_name
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.trainer import OptimConfig, PolicyTrainer
 from specrl.sampling import SamplingParams
@@ -34,9 +34,7 @@ def save_random_checkpoint(name: str, folder: str) -> int:
     """A random-weight Llama of `name`'s shape, saved as safetensors; returns its parameter count."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    spec = get_model(name)
-    if spec.is_moe or spec.attn_params_override is not None:
-        raise ValueError(f"{name}: only dense Llama-shaped models can be built here")
+    spec = dense_spec(name)
     config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn,
                          num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                          num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim, tie_word_embeddings=spec.tied,

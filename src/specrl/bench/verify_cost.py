@@ -23,7 +23,15 @@ import torch
 
 from specrl.sim.hardware import get_device
 from specrl.sim.iteration import Engine
-from specrl.sim.models import get_model
+from specrl.sim.models import ModelSpec, get_model
+
+
+def dense_spec(name: str) -> ModelSpec:
+    """A model of the simulator's catalogue that a dense Llama can stand for (no MoE, no MLA), by name."""
+    spec = get_model(name)
+    if spec.is_moe or spec.attn_params_override is not None:
+        raise ValueError(f"{name}: only dense Llama-shaped models can be built here")
+    return spec
 
 
 class Decoder:
@@ -32,9 +40,7 @@ class Decoder:
     SwiGLU; then the LM head. RoPE is left out (elementwise, a few microseconds)."""
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype):
-        spec = self.spec = get_model(name)
-        if spec.is_moe or spec.attn_params_override is not None:
-            raise ValueError(f"{name}: only dense Llama-shaped models can be built here")
+        spec = self.spec = dense_spec(name)
         g = torch.Generator(device).manual_seed(0)
 
         def weight(*shape):
@@ -75,6 +81,7 @@ class Decoder:
 
 
 def sim_device_name(device: torch.device) -> str:
+    """The simulator's name for a torch device (`sim.hardware`): cpu, or the GPU model."""
     if device.type == "cpu":
         return "cpu"
     name = torch.cuda.get_device_name(device)
