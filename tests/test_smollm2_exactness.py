@@ -75,8 +75,10 @@ def smollm2():
     head = load_head(draft_checkpoint("smollm2-135m", "eagle3", None), target, "eagle3")
     engines = {}
     for name, proposer in (("eagle3", HeadProposer(head)), ("int8", Int8DraftProposer(target))):
-        engines[name] = RolloutEngine(target, tokenizer, proposer, EngineConfig(num_speculative_tokens=8))
-        engines[name].controller = Scripted(SCHEDULES[name])
+        controller = Scripted(SCHEDULES[name])
+        engines[name] = RolloutEngine(target, tokenizer, proposer,
+                                      EngineConfig(num_speculative_tokens=controller.max_k))
+        engines[name].controller = controller
     prompt = preset_prompts("smollm2-135m", tokenizer, 1, seed=3)[0]
     return engines, load_causal_lm(path).eval(), tokenizer.encode(prompt, add_special_tokens=False)
 
