@@ -31,6 +31,27 @@ def test_step_time_model_predicts_unseen_batch_sizes_and_k():
     assert abs(model.predict(100, 1) - cost(100, 1)) < 1e-6
 
 
+def test_two_parameter_fits_solved_in_closed_form_match_least_squares():
+    """The plain and draft fits are solved in closed form; the result is the decayed, ridged least squares."""
+    from specrl.speculation.planner import draft_features, plain_features
+    rng = np.random.default_rng(0)
+    for features in (plain_features, draft_features):
+        model, rows, times = StepTimeModel(decay=0.9, features=features), [], []
+        for step in range(30):
+            batch, k = int(rng.integers(1, 65)), int(rng.integers(1, 9))
+            seconds = 0.001 + 0.0002 * batch * k + rng.normal(0, 1e-5)
+            model.add(batch, k, seconds)
+            rows.append(features(batch, k))
+            times.append(seconds)
+        weights = 0.9 ** np.arange(len(rows))[::-1]
+        x, y = np.array(rows), np.array(times)
+        xtx = (x * weights[:, None]).T @ x
+        expected = np.linalg.solve(xtx + 1e-9 * np.trace(xtx) * np.eye(2), (x * weights[:, None]).T @ y)
+        assert np.allclose(model.coef, expected, rtol=1e-9, atol=1e-15)
+    empty = StepTimeModel(features=plain_features)
+    assert empty.coef == [0.0, 0.0] and empty.predict(8, 0) == 0.0
+
+
 def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation():
     """As on `tiny`, whose forward is all overhead: every pass costs ~1 ms whatever its rows, so speculation
     pays at any batch. After speculating at batch 1 only, the verify and draft models could not tell their
@@ -330,8 +351,8 @@ def test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_st
         k = controller.choose(16)
         controller.observe(16, k, cost(16, k), [8] * k)
     priced = set()  # the steps that predicted any cost
-    predict_rows = controller.verify_times.predict_rows
-    controller.verify_times.predict_rows = lambda x: priced.add(len(chosen)) or predict_rows(x)
+    predict = controller.verify_times.predict
+    controller.verify_times.predict = lambda *a: priced.add(len(chosen)) or predict(*a)
     chosen = []
     for _ in range(64):
         chosen.append(controller.choose(16))

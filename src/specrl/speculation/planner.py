@@ -61,7 +61,7 @@ In a power-of-two range of B where no speculative step has been measured yet, th
 models' slopes in B are an extrapolation from the ranges that were (from batch 1 alone they are not
 even identified), so there an option is priced as `_could_pay` prices it: its verify pass as a plain
 step over as many tokens, its drafts at their fitted cost at the nearest batch size measured, scaled as
-a plain step's cost scales between the two sizes (`_draft_price`), until a speculative step runs
+a plain step's cost scales between the two sizes (`_unfitted_seconds`), until a speculative step runs
 there. On `tiny`, after a benchmark's batch-1 calls the models priced k = 7 at batch 8 at 15 ms (a
 k = 8 step there measures 3.8), so batch 8 decoded plainly, at 0.86x of the plain engine, where
 speculating measured 1.23x. Taking costs as flat in B until two sizes pin their slopes (a ridge on the
@@ -105,6 +105,8 @@ those exploratory steps.
 """
 from __future__ import annotations
 
+import math
+import operator
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -124,29 +126,29 @@ def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None
     return best
 
 
-def step_features(batch: int, k: int, width: int = 1) -> np.ndarray:
+def step_features(batch: int, k: int, width: int = 1) -> tuple[float, ...]:
     """A pass over B rows of 1 + e tokens, e = width * k extra (drafted) tokens per row."""
     e = width * k
-    return np.array([1.0, batch * (e + 1), e, e * batch])
+    return 1.0, batch * (e + 1.0), float(e), float(e * batch)
 
 
-def plain_features(batch: int, k: int = 0, width: int = 1) -> np.ndarray:
+def plain_features(batch: int, k: int = 0, width: int = 1) -> tuple[float, ...]:
     """A plain decoding step over B rows."""
-    return np.array([1.0, batch])
+    return 1.0, float(batch)
 
 
 def verify_features(extras: list[int]):
     """`step_features` plus an indicator for each extra-token count e in `extras` (the options' e
     strictly between 0 and the largest)."""
-    def features(batch: int, k: int, width: int = 1) -> np.ndarray:
-        return np.concatenate([step_features(batch, k, width), [float(width * k == e) for e in extras]])
+    def features(batch: int, k: int, width: int = 1) -> tuple[float, ...]:
+        return step_features(batch, k, width) + tuple(float(width * k == e) for e in extras)
     return features
 
 
-def draft_features(batch: int, k: int, width: int = 1) -> np.ndarray:
+def draft_features(batch: int, k: int, width: int = 1) -> tuple[float, ...]:
     """Proposer passes and rows drafted: a chain is k passes over B rows; a tree one pass over B rows
     (the candidates) and k - 1 over B * width (the branches)."""
-    return np.array([k, batch + max(k - 1, 0) * batch * width if width > 1 else k * batch])
+    return float(k), float(batch + max(k - 1, 0) * batch * width if width > 1 else k * batch)
 
 
 class StepTimeModel:
@@ -154,8 +156,10 @@ class StepTimeModel:
 
     The fit is solved once after each `add`, when first needed, not per prediction: the controller
     prices every option on every step, and on a model whose step takes a millisecond a solve per
-    option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Each step's feature
-    row and its outer product are kept per (B, k, width): a drain revisits the same few."""
+    option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Predictions are plain
+    Python over the solved coefficients: numpy's per-call cost, on the caches a model pass left cold,
+    made pricing 0.1-0.25 ms a step on `tiny` (6% of a call at batch 64). Each step's feature row and
+    its outer product are kept per (B, k, width): a drain revisits the same few."""
 
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
         self.decay, self.ridge, self.features = decay, ridge, features
@@ -163,27 +167,35 @@ class StepTimeModel:
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
         self._eye = np.eye(n)
-        self._theta: np.ndarray | None = None
+        self._coef: list[float] | None = None
         self._terms: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}  # x and x x^T
 
     def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
         key = (batch, k, width)
         if key not in self._terms:
-            x = self.features(batch, k, width)
+            x = np.array(self.features(batch, k, width))
             self._terms[key] = x, np.outer(x, x)
         x, outer = self._terms[key]
         self.xtx *= self.decay
         self.xty *= self.decay
         self.xtx += outer
         self.xty += x * seconds
-        self._theta = None
+        self._coef = None
 
     @property
-    def theta(self) -> np.ndarray:
-        if self._theta is None:
-            scale = np.trace(self.xtx) or 1.0
-            self._theta = np.linalg.solve(self.xtx + self.ridge * scale * self._eye, self.xty)
-        return self._theta
+    def coef(self) -> list[float]:
+        """The fitted coefficients, one per feature."""
+        if self._coef is None:
+            xtx, xty = self.xtx.tolist(), self.xty.tolist()
+            ridge = self.ridge * (sum(xtx[i][i] for i in range(len(xty))) or 1.0)
+            if len(xty) == 2:  # the plain and draft fits: in closed form (a solve cost ~50 us on cold caches)
+                (a, b), (c, d) = xtx
+                a, d = a + ridge, d + ridge
+                det = a * d - b * c
+                self._coef = [(d * xty[0] - b * xty[1]) / det, (a * xty[1] - c * xty[0]) / det]
+            else:
+                self._coef = np.linalg.solve(self.xtx + ridge * self._eye, self.xty).tolist()
+        return self._coef
 
     @property
     def fitted(self) -> bool:
@@ -191,11 +203,11 @@ class StepTimeModel:
         return bool(self.xty.any())
 
     def predict(self, batch: int, k: int, width: int = 1) -> float:
-        return float(self.predict_rows(self.features(batch, k, width)[None])[0])
+        return self.predict_features(self.features(batch, k, width))
 
-    def predict_rows(self, features: np.ndarray) -> np.ndarray:
-        """Predictions for the rows of a feature matrix (one row per option)."""
-        return np.maximum(features @ self.theta, 0.0)
+    def predict_features(self, features: tuple[float, ...]) -> float:
+        """The prediction for one feature row (never below zero)."""
+        return max(sum(map(operator.mul, features, self.coef)), 0.0)
 
 
 @dataclass
@@ -240,10 +252,11 @@ class SpeculationController:
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
         self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
+        self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
-        self._option_rows: dict[tuple[int, int | None], tuple] = {}  # (batch, room) -> `_priced_options`
+        self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
 
     def use_sampling(self, setting) -> None:
@@ -280,45 +293,37 @@ class SpeculationController:
 
     def _could_pay(self, option: tuple[int, int], batch: int) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
-        accepted; true until plain steps were fitted. Its drafts are priced by the draft fit and its
-        verify pass as a plain step over as many tokens, B (1 + w k) rows (the same projections over as
-        many tokens), once plain steps in two batch ranges pin the plain fit's slope; before that as
-        one plain step over B, which it costs at least. Both are measured directly, where the verify
-        model's price for an option not yet run is an extrapolation: from k = max_k at batch 32 it
-        priced every k at batch 1 too dear to try, and a GRPO run on SmolLM2 never speculated in its
-        drains' tails. Exploring or refreshing an option that could not pay costs a step and teaches
-        nothing this batch can use: on `tiny`, exploring k = 3..7 at batch 64 cost 55 ms, ~50 plain
-        steps."""
+        accepted, priced as `_unfitted_seconds` prices it; true until plain steps were fitted. Both of its
+        parts are measured directly, where the verify model's price for an option not yet run is an
+        extrapolation: from k = max_k at batch 32 it priced every k at batch 1 too dear to try, and a GRPO
+        run on SmolLM2 never speculated in its drains' tails. Exploring or refreshing an option that could
+        not pay costs a step and teaches nothing this batch can use: on `tiny`, exploring k = 3..7 at batch
+        64 cost 55 ms, ~50 plain steps."""
         if not self.plain_times.fitted:
             return True
         k, width = option
-        seconds = self._as_plain_pass(option, batch) + self._draft_price(option, batch)
+        seconds = self._unfitted_seconds(batch, [option])[0]
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
 
-    def _as_plain_pass(self, option: tuple[int, int], batch: int) -> float:
-        """An option's verify pass priced as a plain step over as many tokens, B (1 + w k) rows, once plain steps
-        in two batch ranges pin the plain fit's slope; before that as one plain step over B, which it costs at
-        least."""
-        k, width = option
-        return self.plain_times.predict(batch * (1 + width * k) if len(self.samples[0, 1]) > 1 else batch, 0)
-
-    def _draft_price(self, option: tuple[int, int], batch: int) -> float:
-        """The proposer's time for an option: the draft fit's where a speculative step was fitted in this batch's
-        range; elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost scales
-        between the two (a draft pass is a forward pass over as many rows), not the fit's extrapolation."""
-        k, width = option
-        if self._speculated_in_range(batch) or not self._drafted_at:
-            return self.draft_times.predict(batch, k, width)
-        near = min(self._drafted_at, key=lambda b: abs(np.log(b / batch)))
-        scale = self.plain_times.predict(batch, 0) / max(self.plain_times.predict(near, 0), 1e-9)
-        return self.draft_times.predict(near, k, width) * scale
-
-    def _speculated_in_range(self, batch: int) -> bool:
-        """Whether a speculative step was fitted in this batch's power-of-two range."""
-        here = batch.bit_length()
-        return any(counts[here] for (k, _), counts in self.samples.items() if k)
+    def _unfitted_seconds(self, batch: int, options: list[tuple[int, int]]) -> list[float]:
+        """Speculative options' step times from what was measured directly, where the fitted models' slopes
+        in B would be extrapolated (module docstring):
+            verify  a plain step over as many tokens, B (1 + w k) rows, once plain steps in two batch
+                    ranges pin the plain fit's slope; before that one plain step over B, which it costs
+                    at least;
+            drafts  the draft fit's price where a speculative step was fitted in this batch's range;
+                    elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost
+                    scales between the two (a draft pass is a forward pass over as many rows)."""
+        plain, draft = self.plain_times, self.draft_times
+        pinned = len(self.samples[0, 1]) > 1
+        near, scale = batch, 1.0
+        if self._drafted_at and batch.bit_length() not in self._drafted_ranges:
+            near = min(self._drafted_at, key=lambda b: abs(math.log(b / batch)))
+            scale = plain.predict(batch, 0) / max(plain.predict(near, 0), 1e-9)
+        return [plain.predict(batch * (1 + width * k) if pinned else batch, 0) + scale * draft.predict(near, k, width)
+                for k, width in options]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
@@ -342,7 +347,7 @@ class SpeculationController:
             self.refreshing = True
             return refresh
         if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
-            allowed = self._priced_options(batch, room)[0]
+            allowed = self._allowed_options(batch, room)
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
@@ -350,12 +355,13 @@ class SpeculationController:
                     return option
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return 0, 1  # the first after a speculative step is not measured (`observe`)
-        allowed, plain_x, verify_x, draft_x = self._priced_options(batch, room)
-        if self._speculated_in_range(batch):
-            speculative = self.verify_times.predict_rows(verify_x) + self.draft_times.predict_rows(draft_x)
+        allowed = self._allowed_options(batch, room)
+        if batch.bit_length() in self._drafted_ranges:
+            speculative = [self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
+                           for k, w in allowed[1:]]
         else:  # the models' slopes in B would be extrapolated from other ranges (module docstring)
-            speculative = np.array([self._as_plain_pass(o, batch) + self._draft_price(o, batch) for o in allowed[1:]])
-        seconds = np.concatenate([self.plain_times.predict_rows(plain_x), speculative])
+            speculative = self._unfitted_seconds(batch, allowed[1:])
+        seconds = [self.plain_times.predict(batch, 0)] + speculative
         curves = self._expected_curves()
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if best:
@@ -364,17 +370,13 @@ class SpeculationController:
             self._plain_holds[batch] = self.reprice_every - 1
         return allowed[best]
 
-    def _priced_options(self, batch: int, room: int | None) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray,
-                                                                     np.ndarray]:
-        """The options allowed at this batch size and room (plain decoding first), plain decoding's feature
-        row and the speculative options' verify and draft feature rows, built once per size and room
-        (a drain revisits each)."""
+    def _allowed_options(self, batch: int, room: int | None) -> list[tuple[int, int]]:
+        """The options allowed at this batch size and room, plain decoding first, listed once per size and
+        room (a drain revisits each)."""
         room = None if room is None or room > self.max_k else room  # the last steps of a call: only k < room
         if (batch, room) not in self._option_rows:
-            allowed = [o for o in self.options if self._allowed(o, batch) and (room is None or o[0] < room)]
-            self._option_rows[batch, room] = (allowed, plain_features(batch)[None],
-                                              np.stack([self.verify_times.features(batch, *o) for o in allowed[1:]]),
-                                              np.stack([self.draft_times.features(batch, *o) for o in allowed[1:]]))
+            self._option_rows[batch, room] = [o for o in self.options
+                                              if self._allowed(o, batch) and (room is None or o[0] < room)]
         return self._option_rows[batch, room]
 
     def _expected_curves(self) -> list[list[float]]:
@@ -426,6 +428,7 @@ class SpeculationController:
             if k:
                 self.draft_times.add(batch, k, draft_seconds, width)
                 self._drafted_at.add(batch)
+                self._drafted_ranges.add(batch.bit_length())
             elif not after_speculation:  # not right after a draft's pass (module docstring)
                 self.plain_times.add(batch, 0, seconds)
                 self.on_streak = 0
