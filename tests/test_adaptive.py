@@ -317,6 +317,23 @@ def test_tokens_past_a_rows_stop_are_not_counted():
     assert abs(controller.expected(1) - (1 - (acceptance * g) ** 2) / (1 - acceptance * g)) < 1e-9
 
 
+def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
+    """Answers of 10 tokens: a row at position 9 keeps only its stop token whatever it drafts, so plain
+    decoding wins there, where the one stop rate (1 in 10) would draft; mid-answer it drafts. Plain chosen
+    only for where the rows are sets no hold: the next call's rows start at 0."""
+    cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
+    controller = SpeculationController(max_k=4, prior_acceptance=0.95)
+    for _ in range(40):
+        k = controller.choose(1)
+        controller.observe(1, k, cost(1, k), [1] * k, kept_tokens=10, stopped_rows=1)
+    controller.retired([10] * 50, [True] * 50)
+    assert controller.choose_step(1, generated=[0])[0] == 4
+    assert controller.choose_step(1)[0] == 4  # the one rate: drafts
+    assert controller.choose_step(1, generated=[9])[0] == 0
+    assert not controller._plain_holds
+    assert controller.choose_step(1, generated=[3])[0] == 4
+
+
 def test_no_step_drafts_past_the_room_rows_have_left():
     cost = lambda b, k: 0.05 + 0.002 * k  # noqa: E731  (memory-bound: long chains pay)
     controller = SpeculationController(max_k=4)

@@ -246,7 +246,7 @@ def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, dr
     schedule = iter([3, 0, 2, 0, 1] * 40)
 
     class Scripted(SpeculationController):
-        def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
+        def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
             return next(schedule), 1
 
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)

@@ -60,7 +60,7 @@ class Scripted(SpeculationController):
         super().__init__(max_k=max(k for k, _ in schedule), max_width=max(w for _, w in schedule))
         self.schedule, self.step = schedule, 0
 
-    def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
+    def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
         self.step += 1
         return self.schedule[(self.step - 1) % len(self.schedule)]
 

@@ -4,7 +4,7 @@ One `generate` call:
     prefill    each distinct prompt once (all but its last token), then its KV rows are
                copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
-    choose k   k, w = controller.choose_step(live batch, room)  (k = 0 plain decoding; w > 1 a tree)
+    choose k   k, w = controller.choose_step(live batch, room, generated)  (k = 0 plain; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
                (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
@@ -240,8 +240,9 @@ class RolloutEngine:
         B = batch.size
         step_start = time.perf_counter()
         speculating = self.controller.max_k > 0  # else nothing reads the controller's fits: it is not fed
-        room = call.params.max_tokens - int((batch.num_tokens - batch.prompt_len).min()) if speculating else None
-        k, width = self.controller.choose_step(B, room)
+        generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
+        room = call.params.max_tokens - int(generated.min()) if speculating else None
+        k, width = self.controller.choose_step(B, room, generated)
         tree = TreeShape(width, k) if width > 1 else None
         proposal, draft_seconds = self._propose(batch, call, k, width)
         probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)
@@ -355,6 +356,8 @@ class RolloutEngine:
                 versions=batch.token_version[b, span].tolist(),
                 finish_reason="stop" if stopped[b] else "length",
                 text=response_text(self.tokenizer, ids, call.params.stop) if self.tokenizer is not None else None)
+        if self.controller.max_k:
+            self.controller.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
         keep = (~done).nonzero().flatten()
         batch.keep(keep)
         if self.proposer is not None:

@@ -16,8 +16,13 @@ counting the tokens a row keeps: g is the chance that a kept token is not the ro
 stop tokens (and strings) per kept token, from decayed counts of the steps run. A chain drafted past
 a row's stop token is thrown away: on `tiny`, whose responses stop after 7-10 tokens, chains of 6
 drafted at batch 8 won every step on its own and lost the call (0.88x), the second chain of each
-response being mostly past its end. Likewise a step drafts no further than the most tokens a live
-row may still emit before max_tokens (`room`).
+response being mostly past its end. Where the engine says where its live rows are in their responses
+(`choose_step`'s `generated`), g^(i+1) is their own chance of going on past draft i, from the lengths
+of the rows retired (`ResponseLengths`, per generated position), averaged over the rows: a drain's
+last rows are mostly at their answer's end. Likewise a step drafts no further than the most tokens a
+live row may still emit before max_tokens (`room`). Exploring and refreshing (`_could_pay`) price by
+the one rate: early in answers the rows' own chances are near 1, and with them every k looked worth
+exploring at `tiny`'s batch 64 (each such step cost 5-10 plain ones).
 
 Trees (`speculation.tree`: w candidate first tokens, each with its own chain of k - 1 drafts) are
 options too when the proposer drafts them (`max_width` > 1) and the step stays small (B * (1 + w k)
@@ -95,8 +100,10 @@ refresh is enough to notice. Each refresh that leaves speculation off doubles th
 next, up to `refresh_max` steps; speculating again resets it. So a draft that never pays costs
 a refresh per `refresh_every` steps at first and ever fewer later (on `tiny`, where a refresh
 step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only where it could pay.
-Where pricing chose plain decoding, the next `reprice_every` - 1 steps at that batch size decode
-plainly without pricing (and without fitting). Because
+Where pricing chose plain decoding, the next `reprice_every` - 1 steps in that power-of-two range of
+batch sizes decode plainly without pricing (and without fitting; a draining batch of 64 on `tiny`
+visits a new size most steps, and priced at each, the controller cost ~4% of the call), unless only where the rows are in their answers made
+plain decoding win (a last row at its answer's end must not hold the next call's first steps plain). Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
 than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
 costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
@@ -113,6 +120,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrl.speculation.acceptance import AcceptanceEstimate
+from specrl.speculation.response_lengths import ResponseLengths
 
 
 def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
@@ -223,6 +231,7 @@ class SpeculationController:
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
     plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters)
     stop_decay: float = 0.99  # each step keeps this share of the stop and kept-token counts
+    length_decay: float = 0.98  # each retired row keeps this share of the older rows' weight (`ResponseLengths`)
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
     refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell whether the draft got
     # better, and at a large batch a k = 8 refresh (the int8 self-draft's max_k) costs ~9 plain steps
@@ -242,7 +251,7 @@ class SpeculationController:
         self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
-        self._plain_holds: dict[int, int] = {}  # batch -> steps there that plain decoding stands unpriced
+        self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
         self.holding = False  # the step just chosen is one of those
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.use_sampling(None)
@@ -254,6 +263,7 @@ class SpeculationController:
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
         self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
+        self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
         self.refreshing = False  # the step just chosen is a refresh
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
@@ -273,6 +283,10 @@ class SpeculationController:
         """A prefill (a call's prompts, or the live rows' cache after an in-flight weight update) just ran:
         the next step is not fitted (module docstring)."""
         self._after_prefill = True
+
+    def retired(self, lengths: list[int], stopped: list[bool]) -> None:
+        """Rows left the batch: the tokens each generated and whether a stop token or string ended it."""
+        self.lengths.retire(lengths, stopped)
 
     @property
     def widest(self) -> int:
@@ -329,15 +343,17 @@ class SpeculationController:
         k, w = option
         return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
 
-    def choose_step(self, batch: int, room: int | None = None) -> tuple[int, int]:
+    def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
         """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding. `room`: the
-        most tokens any live row may still emit (max_tokens less what it has); no step drafts past it."""
+        most tokens any live row may still emit (max_tokens less what it has); no step drafts past it.
+        `generated`: the tokens each live row has generated (a tensor or list; read only where the step is
+        priced), so that each row's chance to stop is its own (module docstring); without it, the one rate."""
         if not self.adaptive or self.max_k == 0:
             return self.max_k, self.fixed_width
         if room is not None and room <= 1:  # no draft could be kept
             return 0, 1
-        if self._plain_holds.get(batch):  # priced here lately, and plain decoding chosen
-            self._plain_holds[batch] -= 1
+        if self._plain_holds.get(batch.bit_length()):  # priced in this range lately, and plain decoding chosen
+            self._plain_holds[batch.bit_length()] -= 1
             self.holding = True
             return 0, 1
         refresh = min(self.max_k, self.refresh_k), 1
@@ -362,12 +378,14 @@ class SpeculationController:
         else:  # the models' slopes in B would be extrapolated from other ranges (module docstring)
             speculative = self._unfitted_seconds(batch, allowed[1:])
         seconds = [self.plain_times.predict(batch, 0)] + speculative
-        curves = self._expected_curves()
+        one_rate = self._expected_curves()
+        curves = one_rate if generated is None else self._expected_curves(self._go_on(generated))
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if best:
             self.refresh_wait = self.refresh_every
-        else:
-            self._plain_holds[batch] = self.reprice_every - 1
+        elif curves is one_rate or not best_option([one_rate[w - 1][k] for k, w in allowed], seconds, self.min_gain,
+                                                   plain=0):
+            self._plain_holds[batch.bit_length()] = self.reprice_every - 1  # plain wherever the rows are: it stands
         return allowed[best]
 
     def _allowed_options(self, batch: int, room: int | None) -> list[tuple[int, int]]:
@@ -379,14 +397,26 @@ class SpeculationController:
                                               if self._allowed(o, batch) and (room is None or o[0] < room)]
         return self._option_rows[batch, room]
 
-    def _expected_curves(self) -> list[list[float]]:
-        """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring). Plain Python: at
-        these sizes numpy's per-call cost is most of the work."""
-        go_on, curves = 1.0 - self.stop_rate, []
+    def _go_on(self, generated) -> list[float]:
+        """The live rows' chances g_0, ..., g_{max_k - 1} of keeping draft 1, ..., max_k if accepted: their own
+        (`ResponseLengths`), capped by the one stop rate's (1 - rate)^(i+1), so that where rows are tells only
+        where a draft would be thrown away. Uncapped, rows early in their answers (g ~ 1) made k = 5-7 look worth
+        a step at `tiny`'s batch 64, where the verify model, fitted to one such step there, priced it at half
+        the 11-13 ms it took (0.75x of plain decoding for those calls)."""
+        rows = generated.tolist() if hasattr(generated, "tolist") else list(generated)
+        one_rate = 1.0 - self.stop_rate
+        return [min(own, one_rate ** (i + 1)) for i, own in enumerate(self.lengths.go_on(rows, self.max_k))]
+
+    def _expected_curves(self, go_on: list[float] | None = None) -> list[list[float]]:
+        """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring), given the live rows'
+        chances g_0, ..., g_{max_k - 1} of keeping draft 1, ..., max_k if accepted; by default from the one
+        stop rate, g_i = g^(i+1). Plain Python: at these sizes numpy's per-call cost is most of the work."""
+        if go_on is None:
+            go_on = [(1.0 - self.stop_rate) ** (i + 1) for i in range(self.max_k)]
+        curves = []
         for width in range(1, self.widest + 1):
-            curve, kept = [1.0], 1.0
-            for accepted in self.acceptance[width].prefix:
-                kept *= go_on
+            curve = [1.0]
+            for accepted, kept in zip(self.acceptance[width].prefix, go_on):
                 curve.append(curve[-1] + accepted * kept)
             curves.append(curve)
         return curves
