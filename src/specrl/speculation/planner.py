@@ -378,14 +378,16 @@ class SpeculationController:
         else:  # the models' slopes in B would be extrapolated from other ranges (module docstring)
             speculative = self._unfitted_seconds(batch, allowed[1:])
         seconds = [self.plain_times.predict(batch, 0)] + speculative
-        one_rate = self._expected_curves()
-        curves = one_rate if generated is None else self._expected_curves(self._go_on(generated))
+        curves = self._expected_curves()  # by the one rate: an upper bound on the rows' own (`_go_on`)
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
+        if not best:  # plain wherever the rows are: it stands
+            self._plain_holds[batch.bit_length()] = self.reprice_every - 1
+            return allowed[0]
+        if generated is not None:
+            curves = self._expected_curves(self._go_on(generated))
+            best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)
         if best:
             self.refresh_wait = self.refresh_every
-        elif curves is one_rate or not best_option([one_rate[w - 1][k] for k, w in allowed], seconds, self.min_gain,
-                                                   plain=0):
-            self._plain_holds[batch.bit_length()] = self.reprice_every - 1  # plain wherever the rows are: it stands
         return allowed[best]
 
     def _allowed_options(self, batch: int, room: int | None) -> list[tuple[int, int]]:
