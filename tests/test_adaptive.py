@@ -172,6 +172,25 @@ def test_refreshes_of_a_draft_that_never_pays_grow_rarer():
     assert len(refreshes) == 6
 
 
+def test_one_slow_draft_pass_does_not_bar_refreshes_for_good():
+    """`tiny` at batch 1: a k = 4 step's drafts took 3.8 ms (1.0 usual) once. Fitted, that priced every option
+    out, and refreshes, priced by the same fit, never ran to correct it. A refresh prices its drafts at the
+    cheapest pass measured, so it runs, and its measurement brings speculation back."""
+    controller = SpeculationController(max_k=4, prior_acceptance=0.95)
+    draft = lambda k, slow=False: k * (0.001 if slow else 0.00025)  # noqa: E731
+    verify = 0.0006
+    chosen, slowed = [], False
+    for step in range(300):
+        k = controller.choose(1)
+        chosen.append(k)
+        slow = k == 4 and not slowed  # the first k = 4 step: one slow pass
+        slowed |= slow
+        controller.observe(1, k, verify + draft(k, slow) if k else 0.0006, [1] * k, draft_seconds=draft(k, slow))
+    off = chosen.index(4) + 1
+    assert chosen[off:off + 10] == [0] * 10  # priced out by the slow pass
+    assert sum(1 for k in chosen[-100:] if k) >= 50  # speculating again
+
+
 def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed():
     """Each draft token costs more than a plain step (as on `tiny`, whose forward is all overhead): even
     a draft accepted every time, with verification free, loses. After the bootstrap (plain twice, k = 1

@@ -99,7 +99,8 @@ noticed. A refresh moves the acceptance estimate by `refresh_weight`, not `smoot
 refresh is enough to notice. Each refresh that leaves speculation off doubles the wait for the
 next, up to `refresh_max` steps; speculating again resets it. So a draft that never pays costs
 a refresh per `refresh_every` steps at first and ever fewer later (on `tiny`, where a refresh
-step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only where it could pay.
+step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only where it could pay,
+its drafts priced at the cheapest pass measured there (it re-measures their cost too: `_could_pay`).
 Where pricing chose plain decoding, the next `reprice_every` - 1 steps in that power-of-two range of
 batch sizes decode plainly without pricing (and without fitting; a draining batch of 64 on `tiny`
 visits a new size most steps, and priced at each, the controller cost ~4% of the call), unless only where the rows are in their answers made
@@ -262,6 +263,7 @@ class SpeculationController:
         self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
         self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
+        self._cheapest_pass: dict[int, float] = {}  # batch range -> the cheapest draft pass measured there
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
@@ -305,23 +307,32 @@ class SpeculationController:
             self._explored.add(option)  # counts only grow: explored for good
         return option == (0, 1) and not seen[batch.bit_length()]
 
-    def _could_pay(self, option: tuple[int, int], batch: int) -> bool:
+    def _could_pay(self, option: tuple[int, int], batch: int, cheapest_drafts: bool = False) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
         accepted, priced as `_unfitted_seconds` prices it; true until plain steps were fitted. Both of its
         parts are measured directly, where the verify model's price for an option not yet run is an
         extrapolation: from k = max_k at batch 32 it priced every k at batch 1 too dear to try, and a GRPO
         run on SmolLM2 never speculated in its drains' tails. Exploring or refreshing an option that could
         not pay costs a step and teaches nothing this batch can use: on `tiny`, exploring k = 3..7 at batch
-        64 cost 55 ms, ~50 plain steps."""
+        64 cost 55 ms, ~50 plain steps.
+
+        `cheapest_drafts` (a refresh): its drafts at the cheapest pass measured in this batch range, where
+        that is less. A refresh re-measures the draft's cost as well as its acceptance, and priced by the
+        draft fit, one slow pass could bar every refresh for good: on `tiny` at batch 1, a fitted draft pass
+        of 0.70 ms (0.25 usual) priced every option out, and with no speculative step to correct it, 1 in
+        ~8 bench processes never speculated again."""
         if not self.plain_times.fitted:
             return True
         k, width = option
         seconds = self._unfitted_seconds(batch, [option])[0]
+        cheapest = self._cheapest_pass.get(batch.bit_length()) if cheapest_drafts else None
+        if cheapest is not None:
+            seconds = min(seconds, self._unfitted_seconds(batch, [option], drafts=False)[0] + k * width * cheapest)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
 
-    def _unfitted_seconds(self, batch: int, options: list[tuple[int, int]]) -> list[float]:
+    def _unfitted_seconds(self, batch: int, options: list[tuple[int, int]], drafts: bool = True) -> list[float]:
         """Speculative options' step times from what was measured directly, where the fitted models' slopes
         in B would be extrapolated (module docstring):
             verify  a plain step over as many tokens, B (1 + w k) rows, once plain steps in two batch
@@ -329,11 +340,12 @@ class SpeculationController:
                     at least;
             drafts  the draft fit's price where a speculative step was fitted in this batch's range;
                     elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost
-                    scales between the two (a draft pass is a forward pass over as many rows)."""
+                    scales between the two (a draft pass is a forward pass over as many rows);
+                    left out with drafts=False."""
         plain, draft = self.plain_times, self.draft_times
         pinned = len(self.samples[0, 1]) > 1
-        near, scale = batch, 1.0
-        if self._drafted_at and batch.bit_length() not in self._drafted_ranges:
+        near, scale = batch, 0.0 if not drafts else 1.0
+        if drafts and self._drafted_at and batch.bit_length() not in self._drafted_ranges:
             near = min(self._drafted_at, key=lambda b: abs(math.log(b / batch)))
             scale = plain.predict(batch, 0) / max(plain.predict(near, 0), 1e-9)
         return [plain.predict(batch * (1 + width * k) if pinned else batch, 0) + scale * draft.predict(near, k, width)
@@ -358,7 +370,7 @@ class SpeculationController:
             return 0, 1
         refresh = min(self.max_k, self.refresh_k), 1
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
-                and self._could_pay(refresh, batch):
+                and self._could_pay(refresh, batch, cheapest_drafts=True):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             self.refreshing = True
             return refresh
@@ -467,6 +479,8 @@ class SpeculationController:
             if k or not after_speculation:
                 self.samples[(k, width)][batch.bit_length()] += 1
         if k:
+            here = batch.bit_length()
+            self._cheapest_pass[here] = min(self._cheapest_pass.get(here, math.inf), draft_seconds / (k * width))
             self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
                                                            self.refresh_weight if self.refreshing else None)
         self.refreshing = False
