@@ -103,8 +103,9 @@ step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only whe
 its drafts priced at the cheapest pass measured there (it re-measures their cost too: `_could_pay`).
 Where pricing chose plain decoding, the next `reprice_every` - 1 steps in that power-of-two range of
 batch sizes decode plainly without pricing (and without fitting; a draining batch of 64 on `tiny`
-visits a new size most steps, and priced at each, the controller cost ~4% of the call), unless only where the rows are in their answers made
-plain decoding win (a last row at its answer's end must not hold the next call's first steps plain). Because
+visits a new size most steps, and priced at each, the controller cost ~4% of the call), unless only
+where the rows are in their answers made plain decoding win (a last row at its answer's end must not
+hold the next call's first steps plain). Because
 k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
 than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
 costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
@@ -344,12 +345,14 @@ class SpeculationController:
                     left out with drafts=False."""
         plain, draft = self.plain_times, self.draft_times
         pinned = len(self.samples[0, 1]) > 1
-        near, scale = batch, 0.0 if not drafts else 1.0
-        if drafts and self._drafted_at and batch.bit_length() not in self._drafted_ranges:
+        verify = [plain.predict(batch * (1 + width * k) if pinned else batch, 0) for k, width in options]
+        if not drafts:
+            return verify
+        near, scale = batch, 1.0
+        if self._drafted_at and batch.bit_length() not in self._drafted_ranges:
             near = min(self._drafted_at, key=lambda b: abs(math.log(b / batch)))
             scale = plain.predict(batch, 0) / max(plain.predict(near, 0), 1e-9)
-        return [plain.predict(batch * (1 + width * k) if pinned else batch, 0) + scale * draft.predict(near, k, width)
-                for k, width in options]
+        return [seconds + scale * draft.predict(near, k, width) for seconds, (k, width) in zip(verify, options)]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
