@@ -18,16 +18,21 @@ def test_hazard_is_kaplan_meier_with_cut_rows_censored():
     assert lengths.go_on([3, 0], 2) == pytest.approx([(1 + 1) / 2, (0.5 + 1) / 2], abs=1e-8)
 
 
-def test_a_position_few_rows_reached_takes_its_neighbours_hazard():
-    """`tiny`: answers stop at 9-10 tokens and ~1% run on to 11. A row at 10 is priced by the rows that
-    reached 9, which all stopped at 10 (h = 1), not by the pooled rate (~0.1), with prior_rows' weight."""
+def test_a_position_few_rows_reached_leans_on_its_neighbour_and_past_the_rows_returns_to_the_pooled_rate():
+    """`tiny`: answers stop at 9-10 tokens. A row at 10 is priced half by the rows that reached 9, which all
+    stopped at 10 (h = 1), half by the pooled rate (~0.1), not by the pooled rate alone. Further past the
+    longest row the hazard halves its distance to the pooled rate per position: a long last row in a GRPO
+    drain is priced as going on again within a few positions, not as stopping at once."""
     lengths = ResponseLengths(decay=1.0, prior_rows=2.0)
     lengths.retire([9] * 30 + [10] * 70, [True] * 100)
     h = lengths.hazard
-    assert h[9] == pytest.approx(70 / (70 + 2) + 2 * h[8] / (70 + 2))
-    assert h[8] > 0.29 and h[9] > 0.98
-    assert lengths.go_on([10], 1)[0] == pytest.approx(1 - h[9])  # past the longest row: the last hazard
-    assert lengths.go_on([12], 3)[0] < 0.02
+    pooled = 100 / (100 * 9 + 70)  # stops over all positions at risk
+    assert h[9] == pytest.approx((70 + 2 * (h[8] + pooled) / 2) / (70 + 2))
+    assert h[8] > 0.29 and h[9] > 0.97
+    past = [1 - lengths.go_on([n], 1)[0] for n in range(10, 16)]  # the hazard at 10, 11, ...
+    assert past == pytest.approx([pooled + (h[9] - pooled) * 0.5 ** (i + 1) for i in range(6)])
+    assert past[0] > 0.5 and past[-1] < pooled + 0.02
+    assert lengths.go_on([10], 2)[1] == pytest.approx((1 - past[0]) * (1 - past[1]))
 
 
 def test_no_rows_retired_means_no_stops():
@@ -43,7 +48,7 @@ def test_older_rows_fade_by_decay():
     assert lengths.hazard[1] == pytest.approx(1 / 3, abs=1e-8)
     for _ in range(60):  # weights past 1e12 are rescaled; the hazard is unchanged by it
         lengths.retire([4], [True])
-    assert lengths.hazard[1] < 1e-12 and lengths.hazard[3] == pytest.approx(1.0, abs=1e-8)
+    assert lengths.hazard[1] < 1e-9 and lengths.hazard[3] == pytest.approx(1.0, abs=1e-8)
     assert math.isfinite(sum(lengths.ended))
 
 
