@@ -50,7 +50,7 @@ PATHS = pytest.mark.parametrize("fast", [True, False], ids=["fast", "eager"])
 
 
 def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, adaptive: bool = False,
-                fast: bool = True, tree_width: int = 1, verification: str = "block"):
+                fast: bool = True, tree_width: int = 1, verification: str = "block", prefix_caching: bool = True):
     model = LlamaModel.from_pretrained(target_dir, fast_path=fast)
     assert model.fast_path == fast  # the kernel is built (make) and runs on this CPU
     chosen = {
@@ -66,7 +66,8 @@ def make_engine(target_dir, proposer: str = "none", draft_dir=None, k: int = 3, 
     }[proposer]()
     return RolloutEngine(model, proposer=chosen, config=EngineConfig(num_speculative_tokens=k, adaptive=adaptive,
                                                                      fixed_tree_width=tree_width,
-                                                                     verification=verification))
+                                                                     verification=verification,
+                                                                     prefix_caching=prefix_caching))
 
 
 @PATHS
@@ -411,3 +412,64 @@ def test_tree_samples_follow_the_exact_target_distribution(target_dir, proposer,
 def test_a_tree_width_the_proposer_cannot_draft_is_refused(target_dir):
     with pytest.raises(ValueError, match="fixed_tree_width 2: the ngram proposer drafts trees of width <= 1"):
         make_engine(target_dir, "ngram", tree_width=2)
+
+
+# -- the prefix cache: a call's prompts that begin like the last call's first prompt copy those positions' K/V --
+SHARED = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@PATHS
+@pytest.mark.parametrize("proposer", ["none", "int8", "eagle3", "draft"])
+def test_a_shared_prefix_is_copied_and_samples_what_a_fresh_prefill_does(target_dir, draft_dir, proposer, fast):
+    on = make_engine(target_dir, proposer, draft_dir, fast=fast)
+    off = make_engine(target_dir, proposer, draft_dir, fast=fast, prefix_caching=False)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, n=2, seed=3)
+    for engine in (on, off):
+        engine.generate([SHARED + [1, 2], SHARED + [3]], params)
+    a, b = (engine.generate([SHARED + [4, 4, 4], SHARED + [2], SHARED[:5]], params) for engine in (on, off))
+    assert (a.cached_prompt_tokens, b.cached_prompt_tokens) == (4 * 3, 0)  # the shortest prompt keeps its last
+    assert a.spec.num_drafts == b.spec.num_drafts and a.spec.num_accepted_tokens == b.spec.num_accepted_tokens
+    for x, y in zip(a.completions, b.completions):
+        assert x.token_ids == y.token_ids
+        # the layer kernel is batch-invariant (the same bits); eager, PyTorch's matmuls at other row counts
+        assert x.logprobs == y.logprobs if fast else torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
+                                                                    atol=1e-5)
+
+
+def test_a_prompt_the_cache_holds_whole_runs_no_prefill_and_samples_the_same(target_dir):
+    on, off = make_engine(target_dir), make_engine(target_dir, prefix_caching=False)
+    params = SamplingParams(temperature=1.0, max_tokens=10, seed=5)
+    prompt = SHARED + [1, 2]
+    results = [engine.generate([prompt], params) for engine in (on, off, on, off)]
+    assert [r.cached_prompt_tokens for r in results] == [0, 0, len(prompt) - 1, 0]
+    assert results[2].completions[0].token_ids == results[3].completions[0].token_ids
+    assert results[2].completions[0].logprobs == results[3].completions[0].logprobs
+
+
+def test_new_weights_are_never_served_the_old_weights_prefix(target_dir):
+    """Through the engine's weight sync and through a load on the model itself."""
+    state = load_state_dict(target_dir)
+    other = {name: t * 1.25 if t.is_floating_point() else t for name, t in state.items()}
+    params = SamplingParams(temperature=1.0, max_tokens=10, seed=2)
+    engine, fresh = make_engine(target_dir), make_engine(target_dir)
+    fresh.load_weights(other, version=1)
+    engine.generate([SHARED + [1]], params)
+    engine.load_weights(other, version=1)
+    synced = engine.generate([SHARED + [2]], params)
+    assert synced.cached_prompt_tokens == 0
+    assert synced.completions[0].token_ids == fresh.generate([SHARED + [2]], params).completions[0].token_ids
+    engine.model.load_weights(state)
+    assert engine.generate([SHARED + [3]], params).cached_prompt_tokens == 0
+
+
+@pytest.mark.slow
+def test_samples_after_a_prefix_cache_hit_follow_the_exact_target_distribution(target_dir):
+    """Chi-square of 6000 two-token samples, drafted by the int8 self-draft, from a prompt whose first four
+    tokens' K/V come from the prefix cache; false failure odds 1e-4."""
+    prompt, n = [3, 1, 3, 1, 3], 6000
+    exact = exact_two_token_distribution(target_dir, prompt, temperature=0.8)
+    engine = make_engine(target_dir, "int8", k=2)
+    engine.generate([prompt[:4] + [9, 9]], SamplingParams(max_tokens=2, seed=1))
+    result = engine.generate([prompt], SamplingParams(n=n, temperature=0.8, max_tokens=2, ignore_eos=True, seed=0))
+    assert result.cached_prompt_tokens == 4 and result.spec.num_drafts > 0
+    assert two_token_pvalue(result, exact) > 1e-4

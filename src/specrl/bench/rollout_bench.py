@@ -78,6 +78,9 @@ class RolloutBenchConfig:
     hf: bool = True  # also time transformers generate
     compile: bool = True  # the engine's fast path (specrl's small-row kernel); False = eager PyTorch
     eager_baseline: bool = False  # also time decoding without speculation on the eager path (fast_vs_eager)
+    # both variants reuse the K/V of the first tokens a call's prompts share with the last call's first prompt
+    # (the engine's default; the preset's prompts share a chat template and an instruction); False prefills all
+    prefix_caching: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -193,7 +196,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     prompts = chunks[0]
     config = dataclasses.replace(config, max_tokens=max_tokens)
     common = dict(backend=config.backend, model=config.model, num_speculative_tokens=config.k, adaptive=config.adaptive,
-                  compile=config.compile)
+                  compile=config.compile, prefix_caching=config.prefix_caching)
     spec_only = dict(fixed_tree_width=config.tree_width) if config.backend == "embedded" else {}
     base = make_backend(BackendConfig(proposer="none", **common))
     spec = make_backend(BackendConfig(proposer=config.proposer, draft=config.draft, verification=config.verification,
@@ -262,6 +265,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "tokens_per_verify_step": stats.acceptance_length, "width_histogram": dict(sorted(widths.items())),
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,
+        "prompt_tokens_cached": {name: sum(r.cached_prompt_tokens for r in runs[name]) for name in ("base", "spec")},
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
         "logprob_z": logprob_z(runs["base"], runs["spec"]),
         "logprob_z_sequences": {name: sum(len(r.completions) for r in runs[name]) for name in ("base", "spec")},

@@ -42,6 +42,9 @@ def register(subparsers) -> None:
                    help="run the embedded engine eager (PyTorch/MKL) instead of its fast path")
     p.add_argument("--eager-baseline", action="store_true",
                    help="also time decoding on the eager path, alternating, and report fast_vs_eager")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="prefill every prompt whole on both variants (by default each reuses the K/V of the first "
+                        "tokens a call's prompts share with the last call's first prompt: the chat template)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="every row generates --max-tokens, past EOS: both variants time the same token count at a "
                         "batch that does not drain (at temperature 1 their responses, and so their lengths, differ)")
@@ -165,7 +168,7 @@ def run(args) -> dict:
         max_tokens=args.max_tokens,
         temperature=args.temperature, ignore_eos=args.ignore_eos,
         rounds=args.rounds, rows_per_round=args.rows_per_round, hf=not args.no_hf, compile=not args.no_compile, eager_baseline=args.eager_baseline,
-        seed=args.seed,
+        prefix_caching=not args.no_prefix_caching, seed=args.seed,
     )
     with progress_bar(f"bench {config.model} {config.proposer} batch={config.batch}", config.rounds) as update:
         summary = run_rollout_bench(config, progress=update)

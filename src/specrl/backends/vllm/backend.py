@@ -55,7 +55,7 @@ def require_sampling_fix(spec: dict | None) -> None:
 
 
 def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served_name: str,
-                 max_model_len: int | None):
+                 max_model_len: int | None, prefix_caching: bool = True):
     """A vLLM `LLM` in the chosen mode. The mode is an environment setting vLLM fixes per process
     once an engine has started in-process, so a second mode in the same process is refused."""
     import vllm
@@ -78,7 +78,7 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
         model=model_dir, tokenizer=model_dir, served_model_name=served_name, dtype=options.dtype,
         seed=options.seed, max_model_len=max_model_len, max_num_seqs=options.max_num_seqs, **memory,
         speculative_config=spec, tensor_parallel_size=options.tensor_parallel_size,
-        enable_sleep_mode=options.sleep_mode,
+        enable_sleep_mode=options.sleep_mode, enable_prefix_caching=prefix_caching,
         enforce_eager=not multiprocess if options.enforce_eager is None else options.enforce_eager,
         distributed_executor_backend=None if multiprocess else "uni",
         disable_log_stats=False, logprobs_mode="processed_logprobs",
@@ -104,7 +104,7 @@ class VLLMBackend:
             self.draft_shapes = refit.checkpoint_shapes(self.spec_config["model"])
         self.served_name = f"specrl-vllm-{os.getpid()}-{id(self):x}"
         self.llm = start_engine(str(self.model_dir), self.options, self.spec_config, self.served_name,
-                                config.max_model_len)
+                                config.max_model_len, config.prefix_caching)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.version = 0
 
