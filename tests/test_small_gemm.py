@@ -9,6 +9,7 @@ Chain of invariants:
                                 like the fp32 kernel; quantize_int8 rounds each row to within half a step;
     VNNI kernel(x, W)        == quantize_activations(x) @ (q * scale)^T likewise; quantize_activations rounds each
                                 group of 16 along K to within half its step (max |x| / 127);
+    quantize_pack_vnni(W)    == quantize_int8 then pack_vnni, bit for bit, at 1 and 2 threads (the one-pass rebuild);
     Int8Projection, fast     == Int8Projection, eager (the dequantized weights through MKL), of the VNNI kernel's
                                 rounded activations where the kernel is VNNI;
     a kernel that cannot run  warns once with the reason and the engine runs eager.
@@ -89,6 +90,25 @@ def test_int8_quantization_is_symmetric_per_row_and_within_half_a_step():
     assert q.dtype == torch.int8 and scale.shape == (50,) and int(q.abs().max()) == 127
     assert ((q.float() * scale.unsqueeze(1) - w).abs() <= scale.unsqueeze(1) / 2 + 1e-7).all()
     assert (q[7] == 0).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+# a short last group of blocks (20, 1001), K not a multiple of 16 (63, 5, 130), a zero row and huge weights
+@pytest.mark.parametrize("out_features, in_features", [(48, 64), (1001, 63), (7, 5), (33, 130), (20, 40)])
+def test_the_one_pass_rebuild_gives_the_bits_of_quantize_then_pack(out_features, in_features, threads):
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(in_features)) * 3
+    weight[out_features // 2] = 0
+    weight[0, 0] = 1e30
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, scale, packed, scales = small_gemm.quantize_pack_vnni(weight)
+    finally:
+        torch.set_num_threads(previous)
+    q_ref, scale_ref = small_gemm.quantize_int8(weight)
+    packed_ref, scales_ref = small_gemm.pack_vnni(q_ref, scale_ref)
+    for got, expected in ((q, q_ref), (scale, scale_ref), (packed, packed_ref), (scales, scales_ref)):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 33, 200])

@@ -18,6 +18,7 @@
 // vcvtdq2ps) and the FMA chain is the fp32 one; the scale multiplies the finished sum. A quarter of
 // the bytes streamed, the activations stay fp32, and it is batch-invariant for the same reason.
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <omp.h>
 #include <string.h>
@@ -345,6 +346,67 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
     return 0;
 }
 #pragma GCC pop_options
+
+// The int8 self-draft's rebuild at every weight sync, in one pass over the weights: w [N, K] fp32 -> q [N, K]
+// int8 and scale [N], symmetric per output row (scale = max |w| / 127, 1 for a zero row; q = w / scale rounded
+// half to even, clamped to +-127: small_gemm.quantize_int8's operations, so its bits), and, where packed is not
+// null, q + 128 in the VNNI kernel's layout above (pack_vnni's: K padded to K16 with q = 0, bytes of the outputs
+// past N 0) with packed_scales [16 * N16] (0 past N). In PyTorch the same took ~10 passes over SmolLM2's
+// 538 MB with as many full-size temporaries. Threads split the blocks of 16 outputs.
+extern "C" int specrl_quantize_int8(const float* w, int N, int K, int8_t* q, float* scale, uint8_t* packed,
+                                    float* packed_scales, int threads) {
+    const int K16 = (K + 15) / 16 * 16, N16 = (N + 15) / 16;
+    #pragma omp parallel num_threads(threads)
+    {
+        std::vector<int8_t> row_q(K16, 0);  // one row's q, padded with 0 to K16
+        #pragma omp for schedule(static)
+        for (int b = 0; b < N16; ++b) {
+            const int g = b / VGROUP, nb = N16 - g * VGROUP < VGROUP ? N16 - g * VGROUP : VGROUP, slot = b - g * VGROUP;
+            uint8_t* group = packed != nullptr ? packed + (int64_t)g * VGROUP * K16 * 16 : nullptr;
+            for (int lane = 0; lane < 16; ++lane) {
+                const int n = b * 16 + lane;
+                if (packed_scales != nullptr) packed_scales[b * 16 + lane] = 0.f;
+                if (n >= N) {  // an output past N: bytes 0 (its scale is 0)
+                    for (int k4 = 0; group != nullptr && k4 < K16 / 4; ++k4)
+                        memset(group + (((int64_t)k4 * nb + slot) * 16 + lane) * 4, 0, 4);
+                    continue;
+                }
+                const float* row = w + (int64_t)n * K;
+                const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+                __m256 top = _mm256_setzero_ps();
+                int k = 0;
+                for (; k + 8 <= K; k += 8)
+                    top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(row + k), magnitude));
+                float lanes[8], amax = 0.f;
+                _mm256_storeu_ps(lanes, top);
+                for (int j = 0; j < 8; ++j) amax = lanes[j] > amax ? lanes[j] : amax;
+                for (; k < K; ++k) amax = fabsf(row[k]) > amax ? fabsf(row[k]) : amax;
+                const float s = amax / 127.f > 0.f ? amax / 127.f : 1.f;
+                scale[n] = s;
+                if (packed_scales != nullptr) packed_scales[b * 16 + lane] = s;
+                const __m256 step = _mm256_set1_ps(s), low = _mm256_set1_ps(-127.f), high = _mm256_set1_ps(127.f);
+                for (k = 0; k + 8 <= K; k += 8) {  // w / s rounded half to even, clamped: exact small integers
+                    const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + k), step),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m256i v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, low), high));
+                    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                    _mm_storel_epi64((__m128i*)(row_q.data() + k), _mm_packs_epi16(words, words));
+                }
+                for (; k < K; ++k) {
+                    const float r = nearbyintf(row[k] / s);
+                    row_q[k] = (int8_t)(r < -127.f ? -127.f : r > 127.f ? 127.f : r);
+                }
+                memcpy(q + (int64_t)n * K, row_q.data(), K);
+                if (group != nullptr)
+                    for (int k4 = 0; k4 < K16 / 4; ++k4) {
+                        uint8_t* out = group + (((int64_t)k4 * nb + slot) * 16 + lane) * 4;
+                        for (int j = 0; j < 4; ++j) out[j] = (uint8_t)(row_q[k4 * 4 + j] + 128);
+                    }
+            }
+        }
+    }
+    return 0;
+}
 
 // 1 when this CPU runs AVX-512 F, BW and VNNI (the int8 x int8 path), else 0.
 extern "C" int specrl_small_gemm_vnni_supported(void) {

@@ -52,15 +52,19 @@ from pathlib import Path
 
 import torch
 
-# the kernels and, built into the same library, the decoder layer that calls them (`decoder_layer.py`)
-SOURCES = (Path(__file__).with_name("small_gemm.cpp"), Path(__file__).with_name("decoder_layer.cpp"))
+# the kernels and, built into the same library, the decoder layer that calls them (`decoder_layer.py`) and the
+# draft sampler (`draft_sampler.py`); the header they share is part of the build's hash
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("small_gemm.cpp", "decoder_layer.cpp", "draft_sampler.cpp"))
+HEADERS = (Path(__file__).with_name("vector_math.h"),)
 PACKAGED = Path(__file__).with_name("libspecrl_small_gemm.so")
 MAX_ROWS = 128  # up to here the kernel beats MKL (measured on this project's CPU, 1 and 2 threads); above, MKL
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 
 def _digest() -> str:
-    return hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS)
+                          + " ".join(FLAGS).encode()).hexdigest()[:16]
 
 
 def build(out: Path) -> Path:
@@ -111,6 +115,10 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         int8.restype = i
     lib.specrl_decoder_layer.argtypes = [p, p, p, p, p]
     lib.specrl_decoder_layer.restype = i
+    lib.specrl_quantize_int8.argtypes = [p, i, i, p, p, p, p, i]
+    lib.specrl_quantize_int8.restype = i
+    lib.specrl_sample_softmax.argtypes = [p, i, i, ctypes.c_float, p, p, p]
+    lib.specrl_sample_softmax.restype = i
     return lib, ""
 
 
@@ -193,6 +201,20 @@ def pack_vnni(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch
     scales = torch.zeros(n16 * 16, dtype=torch.float32)
     scales[:N] = scale
     return packed, scales
+
+
+def quantize_pack_vnni(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] fp32 -> (q, scale, packed, scales): `quantize_int8`, then `pack_vnni`, in one kernel call and one
+    pass over the weights, to the same bits (the int8 self-draft's rebuild at every weight sync). Needs the
+    library (`unavailable()` is "")."""
+    weight = weight.float().contiguous()
+    N, K = weight.shape
+    n16, K16 = -(-N // 16), -(-K // 16) * 16
+    q, scale = torch.empty(N, K, dtype=torch.int8), torch.empty(N)
+    packed, scales = torch.empty(n16, K16, 16, dtype=torch.uint8), torch.empty(n16 * 16)
+    _library()[0].specrl_quantize_int8(weight.data_ptr(), N, K, q.data_ptr(), scale.data_ptr(), packed.data_ptr(),
+                                       scales.data_ptr(), torch.get_num_threads())
+    return q, scale, packed, scales
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:

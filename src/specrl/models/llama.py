@@ -94,14 +94,17 @@ class Int8Projection:
         if kernel not in available + ("eager",):
             raise ValueError(f"int8 kernel {kernel!r} cannot run here; this CPU runs {', '.join(available) or 'none'}")
         self.kernel, self.bias = kernel, projection.bias
-        self.q, self.scale = small_gemm.quantize_int8(projection.weight)  # [out, in] int8, [out] fp32
         self.packed = self.scales = self.weight_t = None
-        if kernel == "vnni":  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)] fp32
-            self.packed, self.scales = small_gemm.pack_vnni(self.q, self.scale)
-        elif kernel != "eager":  # [ceil(out/block), in, block] int8, [block * ceil(out/block)] fp32
-            self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale, block=16 if kernel == "avx512" else 8)
+        # q [out, in] int8, scale [out] fp32, and the weights as the kernel reads them
+        if kernel == "vnni":  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)] fp32: one pass
+            self.q, self.scale, self.packed, self.scales = small_gemm.quantize_pack_vnni(projection.weight)
         else:
-            self.weight_t = self.dequantized().t().contiguous()  # [in, out] fp32
+            self.q, self.scale = small_gemm.quantize_int8(projection.weight)
+            if kernel == "eager":
+                self.weight_t = self.dequantized().t().contiguous()  # [in, out] fp32
+            else:  # [ceil(out/block), in, block] int8, [block * ceil(out/block)] fp32
+                self.packed, self.scales = small_gemm.pack_int8(self.q, self.scale,
+                                                                block=16 if kernel == "avx512" else 8)
 
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scale.unsqueeze(1)  # [out, in]

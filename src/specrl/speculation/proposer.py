@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from specrl.kernels import draft_sampler
 from specrl.models.kv_cache import KVCache
 from specrl.sampling import SamplingParams, draw, sampling_distribution
 
@@ -74,8 +75,11 @@ def sample_draft_token(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_siz
     q is the draft's distribution under the call's sampling params, over the target's
     vocabulary; at temperature 0 it is one-hot on the argmax and the token is that argmax.
     """
-    q, _ = sampling_distribution(logits, params)
-    token = q.argmax(-1) if params.greedy else draw(q, generator)
+    if draft_sampler.applies(logits, params):  # untruncated, at a temperature: one kernel call
+        token, q = draft_sampler.sample(logits, params.temperature, generator)
+    else:
+        q, _ = sampling_distribution(logits, params)
+        token = q.argmax(-1) if params.greedy else draw(q, generator)
     # drawn in the draft's own V_out ids, then mapped: d2t is one to one, so the law is the same, and
     # sampling 8192 ids instead of SmolLM2's 49152 is ~6x cheaper
     return (token if d2t is None else d2t[token]), to_target_vocab(q, d2t, vocab_size)
