@@ -1,8 +1,9 @@
 """The embedded rollout engine: batched, speculative, exact.
 
 One `generate` call:
-    prefill    each distinct prompt once (all but its last token), then its KV rows are
-               copied n times (the GRPO group shares one prefill);
+    prefill    each distinct prompt once (all but its last token; the first tokens the prompts share
+               with the last call's first prompt are copied from the prefix cache, `prefix_cache.py`),
+               then its KV rows are copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
     choose k   k, w = controller.choose_step(live batch, room, generated)  (k = 0 plain; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
@@ -125,7 +126,7 @@ class CallState:
     trace: list[tuple[float, int, int, int]] = field(default_factory=list)  # per step: (seconds in, live rows, k, width)
     weight_updates: int = 0  # in-flight weight loads (versions adopted mid-call)
     weight_update_seconds: float = 0.0  # in the between-steps hook and the cache recomputes after a load
-    cached_prompt_tokens: int = 0  # prompt tokens per prompt, summed, whose K/V came from the prefix cache
+    cached_prompt_tokens: int = 0  # over the call's distinct prompts, tokens whose K/V came from the prefix cache
 
 
 class RolloutEngine:
