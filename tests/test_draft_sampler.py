@@ -61,7 +61,8 @@ def test_an_id_without_mass_is_never_drawn():
         assert picked.item() == (1 if u == 0 else 3)
 
 
-@pytest.mark.parametrize("row", [[0.0] * 4 + [float("nan")] + [0.0] * 4, [float("-inf")] * 9], ids=["nan", "all-inf"])
+@pytest.mark.parametrize("row", [[0.0] * 4 + [float("nan")] + [0.0] * 4, [0.0] * 4 + [float("inf")] + [0.0] * 4,
+                                 [float("-inf")] * 9], ids=["nan", "inf", "all-minus-inf"])
 def test_a_row_without_a_distribution_is_refused(row):
     with pytest.raises(ValueError, match="no probability mass"):
         draft_sampler.sample(torch.stack([torch.zeros(9), torch.tensor(row)]), 1.0)

@@ -46,7 +46,7 @@ static inline double block_mass(const float* p, int n, int b) {
 }
 
 // logits, q [rows, n]; u [rows] uniforms in [0, 1); token [rows]. Returns 0, or 1 where a row has no finite
-// maximum (all -inf or NaN: no distribution to draw from), leaving that row's outputs unset.
+// maximum (all -inf, a NaN or a +inf: no distribution to draw from), leaving that row's outputs unset.
 extern "C" int specrl_sample_softmax(const float* logits, int rows, int n, float inv_temperature, const double* u,
                                      float* q, int64_t* token) {
     int bad = 0;

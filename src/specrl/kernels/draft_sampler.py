@@ -38,5 +38,5 @@ def sample(logits: torch.Tensor, temperature: float,
     token = torch.empty(rows, dtype=torch.long)
     if small_gemm._library()[0].specrl_sample_softmax(logits.data_ptr(), rows, vocab, ctypes.c_float(1 / temperature),
                                                       u.data_ptr(), q.data_ptr(), token.data_ptr()):
-        raise ValueError("cannot draw from a row with no probability mass (all zero, or NaN)")
+        raise ValueError("cannot draw from a row with no probability mass (its logits all -inf, or one NaN or +inf)")
     return token, q
