@@ -348,13 +348,13 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
 #pragma GCC pop_options
 
 // The int8 self-draft's rebuild at every weight sync, in one pass over the weights: w [N, K] fp32 -> q [N, K]
-// int8 and scale [N], symmetric per output row (scale = max |w| / 127, 1 for a zero row; q = w / scale rounded
-// half to even, clamped to +-127: small_gemm.quantize_int8's operations, so its bits), and, where packed is not
-// null, q + 128 in the VNNI kernel's layout above (pack_vnni's: K padded to K16 with q = 0, bytes of the outputs
-// past N 0) with packed_scales [16 * N16] (0 past N). In PyTorch the same took ~10 passes over SmolLM2's
-// 538 MB with as many full-size temporaries. Threads split the blocks of 16 outputs.
-extern "C" int specrl_quantize_int8(const float* w, int N, int K, int8_t* q, float* scale, uint8_t* packed,
-                                    float* packed_scales, int threads) {
+// int8, symmetric per output row (scale = max |w| / 127, 1 for a zero row; q = w / scale rounded half to even,
+// clamped to +-127: small_gemm.quantize_int8's operations, so its bits); q + 128 in the VNNI kernel's layout
+// above (pack_vnni's: K padded to K16 with q = 0, the bytes of outputs past N 0); scales [16 * N16] (0 past N).
+// In PyTorch the same took ~10 passes over SmolLM2's 538 MB with as many full-size temporaries. Threads split
+// the blocks of 16 outputs.
+extern "C" int specrl_quantize_int8(const float* w, int N, int K, int8_t* q, uint8_t* packed, float* scales,
+                                    int threads) {
     const int K16 = (K + 15) / 16 * 16, N16 = (N + 15) / 16;
     #pragma omp parallel num_threads(threads)
     {
@@ -362,12 +362,12 @@ extern "C" int specrl_quantize_int8(const float* w, int N, int K, int8_t* q, flo
         #pragma omp for schedule(static)
         for (int b = 0; b < N16; ++b) {
             const int g = b / VGROUP, nb = N16 - g * VGROUP < VGROUP ? N16 - g * VGROUP : VGROUP, slot = b - g * VGROUP;
-            uint8_t* group = packed != nullptr ? packed + (int64_t)g * VGROUP * K16 * 16 : nullptr;
+            uint8_t* group = packed + (int64_t)g * VGROUP * K16 * 16;
             for (int lane = 0; lane < 16; ++lane) {
                 const int n = b * 16 + lane;
-                if (packed_scales != nullptr) packed_scales[b * 16 + lane] = 0.f;
-                if (n >= N) {  // an output past N: bytes 0 (its scale is 0)
-                    for (int k4 = 0; group != nullptr && k4 < K16 / 4; ++k4)
+                if (n >= N) {  // an output past N: bytes 0, scale 0
+                    scales[n] = 0.f;
+                    for (int k4 = 0; k4 < K16 / 4; ++k4)
                         memset(group + (((int64_t)k4 * nb + slot) * 16 + lane) * 4, 0, 4);
                     continue;
                 }
@@ -382,8 +382,7 @@ extern "C" int specrl_quantize_int8(const float* w, int N, int K, int8_t* q, flo
                 for (int j = 0; j < 8; ++j) amax = lanes[j] > amax ? lanes[j] : amax;
                 for (; k < K; ++k) amax = fabsf(row[k]) > amax ? fabsf(row[k]) : amax;
                 const float s = amax / 127.f > 0.f ? amax / 127.f : 1.f;
-                scale[n] = s;
-                if (packed_scales != nullptr) packed_scales[b * 16 + lane] = s;
+                scales[n] = s;
                 const __m256 step = _mm256_set1_ps(s), low = _mm256_set1_ps(-127.f), high = _mm256_set1_ps(127.f);
                 for (k = 0; k + 8 <= K; k += 8) {  // w / s rounded half to even, clamped: exact small integers
                     const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + k), step),
@@ -397,11 +396,10 @@ extern "C" int specrl_quantize_int8(const float* w, int N, int K, int8_t* q, flo
                     row_q[k] = (int8_t)(r < -127.f ? -127.f : r > 127.f ? 127.f : r);
                 }
                 memcpy(q + (int64_t)n * K, row_q.data(), K);
-                if (group != nullptr)
-                    for (int k4 = 0; k4 < K16 / 4; ++k4) {
-                        uint8_t* out = group + (((int64_t)k4 * nb + slot) * 16 + lane) * 4;
-                        for (int j = 0; j < 4; ++j) out[j] = (uint8_t)(row_q[k4 * 4 + j] + 128);
-                    }
+                for (int k4 = 0; k4 < K16 / 4; ++k4) {
+                    uint8_t* out = group + (((int64_t)k4 * nb + slot) * 16 + lane) * 4;
+                    for (int j = 0; j < 4; ++j) out[j] = (uint8_t)(row_q[k4 * 4 + j] + 128);
+                }
             }
         }
     }

@@ -115,7 +115,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         int8.restype = i
     lib.specrl_decoder_layer.argtypes = [p, p, p, p, p]
     lib.specrl_decoder_layer.restype = i
-    lib.specrl_quantize_int8.argtypes = [p, i, i, p, p, p, p, i]
+    lib.specrl_quantize_int8.argtypes = [p, i, i, p, p, p, i]
     lib.specrl_quantize_int8.restype = i
     lib.specrl_sample_softmax.argtypes = [p, i, i, ctypes.c_float, p, p, p]
     lib.specrl_sample_softmax.restype = i
@@ -210,11 +210,11 @@ def quantize_pack_vnni(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     weight = weight.float().contiguous()
     N, K = weight.shape
     n16, K16 = -(-N // 16), -(-K // 16) * 16
-    q, scale = torch.empty(N, K, dtype=torch.int8), torch.empty(N)
-    packed, scales = torch.empty(n16, K16, 16, dtype=torch.uint8), torch.empty(n16 * 16)
-    _library()[0].specrl_quantize_int8(weight.data_ptr(), N, K, q.data_ptr(), scale.data_ptr(), packed.data_ptr(),
-                                       scales.data_ptr(), torch.get_num_threads())
-    return q, scale, packed, scales
+    q, packed = torch.empty(N, K, dtype=torch.int8), torch.empty(n16, K16, 16, dtype=torch.uint8)
+    scales = torch.empty(n16 * 16)
+    _library()[0].specrl_quantize_int8(weight.data_ptr(), N, K, q.data_ptr(), packed.data_ptr(), scales.data_ptr(),
+                                       torch.get_num_threads())
+    return q, scales[:N].clone(), packed, scales
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
