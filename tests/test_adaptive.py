@@ -93,6 +93,28 @@ def test_a_drain_learned_at_large_batches_speculates_in_its_tail():
     assert sum(k >= 3 for k in tail) >= len(tail) - 2, tail
 
 
+def test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_through_the_drain():
+    """A plain step is DRAM-bound, flat, up to ~6 rows (SmolLM2 at 2 threads: ~20 ms from 1 to 6 rows) and
+    compute-bound past it. A line through a drain's plain steps, most at 16-32 rows, priced one at 4 rows at
+    18 ms against 20 measured, so a GRPO drain decoded plainly at 4-7 rows where k = 3 paid. Priced by the
+    plain steps measured at each size, the drain speculates at 2-4 rows (priced by the line: plainly down to 2)."""
+    controller = SpeculationController(max_k=3, prior_acceptance=0.95)
+    plain = lambda b: max(0.020, 0.0025 * b)  # noqa: E731  flat to 8 rows, then compute-bound
+    draft_pass = 0.005
+    middle = []
+    for call in range(8):
+        controller.prefilled()
+        for batch in [b for b in range(32, 0, -1) for _ in range(3)]:
+            k = controller.choose(batch)
+            if call == 7 and 2 <= batch <= 4:
+                middle.append(k)
+            controller.observe(batch, k, plain(batch * (1 + k)) + k * draft_pass,
+                               [round(batch * 0.95 ** (i + 1)) for i in range(k)], draft_seconds=k * draft_pass)
+    assert abs(controller.plain_seconds(4) / plain(4) - 1) < 0.01
+    assert abs(controller.plain_seconds(24) / plain(24) - 1) < 0.01
+    assert sum(k > 0 for k in middle) >= len(middle) - 2, middle  # k = 2 pays 1.42x at 4 rows
+
+
 def test_the_first_speculative_step_is_not_fitted():
     """The controller's first speculative step pays one-time costs (on `tiny`, the first in a process: 6.9 ms
     against 1.1, its draft 0.48 against 0.33 ms). With a draft whose bound is near plain decoding's, that one

@@ -45,7 +45,11 @@ the option every other is measured against, is priced from a fit of its own, to 
 which forgets only as plain steps come. Priced by the shared model, a long speculative stretch forgot
 what plain steps cost and inferred it from the speculative ones (on `tiny` at batch 34, plain at
 1.2 ms against 0.9 measured, so k = 1 looked 13% faster and ran 13% slower, and speculating, the
-controller never saw otherwise). While speculating, two plain steps run after every `refresh_every`
+controller never saw otherwise). At a batch size where plain steps were measured, the price is their
+decayed mean there (`plain_seconds`), the line only elsewhere: a plain step is DRAM-bound, flat, up to ~6 rows
+on SmolLM2 and compute-bound past it, so a line through a drain's plain steps, most at 16-32 rows, priced one
+at 4 rows at 18 ms against 20 measured (13.6 against 20 at 1 row), and at 4-7 rows a GRPO drain decoded
+plainly on most steps where k = 3 paid. While speculating, two plain steps run after every `refresh_every`
 speculative ones to keep that fit current; the first is not fitted, nor is any plain step right
 after a speculative one: the draft's pass leaves the caches colder than plain decoding finds them
 (on `tiny` at batch 8, 0.75 against 0.55 ms). Nor is the first step after a prefill (`prefilled`: a
@@ -250,6 +254,7 @@ class SpeculationController:
             [(k, w) for w in range(2, self.max_width + 1) for k in range(1, self.max_k + 1)]
         extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
         self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
+        self._plain_at: dict[int, list[float]] = {}  # batch -> [decayed mean, weight] of the plain steps measured there
         self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
@@ -331,7 +336,7 @@ class SpeculationController:
             seconds = min(seconds, self._unfitted_seconds(batch, [option], drafts=False)[0] + k * width * cheapest)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
-        return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_times.predict(batch, 0), 1e-9)
+        return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_seconds(batch), 1e-9)
 
     def _unfitted_seconds(self, batch: int, options: list[tuple[int, int]], drafts: bool = True) -> list[float]:
         """Speculative options' step times from what was measured directly, where the fitted models' slopes
@@ -343,16 +348,28 @@ class SpeculationController:
                     elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost
                     scales between the two (a draft pass is a forward pass over as many rows);
                     left out with drafts=False."""
-        plain, draft = self.plain_times, self.draft_times
         pinned = len(self.samples[0, 1]) > 1
-        verify = [plain.predict(batch * (1 + width * k) if pinned else batch, 0) for k, width in options]
+        verify = [self.plain_seconds(batch * (1 + width * k) if pinned else batch) for k, width in options]
         if not drafts:
             return verify
         near, scale = batch, 1.0
         if self._drafted_at and batch.bit_length() not in self._drafted_ranges:
             near = min(self._drafted_at, key=lambda b: abs(math.log(b / batch)))
-            scale = plain.predict(batch, 0) / max(plain.predict(near, 0), 1e-9)
-        return [seconds + scale * draft.predict(near, k, width) for seconds, (k, width) in zip(verify, options)]
+            scale = self.plain_seconds(batch) / max(self.plain_seconds(near), 1e-9)
+        return [seconds + scale * self.draft_times.predict(near, k, width) for seconds, (k, width) in zip(verify, options)]
+
+    def plain_seconds(self, batch: int) -> float:
+        """A plain step over `batch` rows: the decayed mean of those measured at this size, else the fitted line
+        (module docstring)."""
+        seen = self._plain_at.get(batch)
+        return seen[0] if seen is not None else self.plain_times.predict(batch, 0)
+
+    def _measured_plain(self, batch: int, seconds: float) -> None:
+        """A plain step measured at `batch` rows, on caches as plain decoding leaves them: into that size's mean,
+        each older step keeping `plain_decay` of its weight."""
+        seen = self._plain_at.setdefault(batch, [seconds, 0.0])
+        seen[1] = self.plain_decay * seen[1] + 1.0
+        seen[0] += (seconds - seen[0]) / seen[1]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
@@ -392,7 +409,7 @@ class SpeculationController:
                            for k, w in allowed[1:]]
         else:  # the models' slopes in B would be extrapolated from other ranges (module docstring)
             speculative = self._unfitted_seconds(batch, allowed[1:])
-        seconds = [self.plain_times.predict(batch, 0)] + speculative
+        seconds = [self.plain_seconds(batch)] + speculative
         curves = self._expected_curves()  # by the one rate: an upper bound on the rows' own (`_go_on`)
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if not best:  # plain wherever the rows are: it stands
@@ -463,7 +480,9 @@ class SpeculationController:
         first, self._after_prefill = self._after_prefill, False
         if k and not self._drafted:  # the first speculative step pays one-time costs (module docstring)
             first, self._drafted = True, True
-        if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`)
+        if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`), but it is a plain
+            if not first and not self._last_k:  # step at this size (`plain_seconds`)
+                self._measured_plain(batch, seconds)
             self.holding, self._last_k = False, 0
             return
         after_speculation, self._last_k = self._last_k > 0, k
@@ -478,6 +497,7 @@ class SpeculationController:
                 self._drafted_ranges.add(batch.bit_length())
             elif not after_speculation:  # not right after a draft's pass (module docstring)
                 self.plain_times.add(batch, 0, seconds)
+                self._measured_plain(batch, seconds)
                 self.on_streak = 0
             if k or not after_speculation:
                 self.samples[(k, width)][batch.bit_length()] += 1
