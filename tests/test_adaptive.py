@@ -52,6 +52,26 @@ def test_two_parameter_fits_solved_in_closed_form_match_least_squares():
     assert empty.coef == [0.0, 0.0] and empty.predict(8, 0) == 0.0
 
 
+def test_steps_noted_between_fits_weigh_as_if_each_had_been_added_alone():
+    """`add` only notes a step; the noted steps join the sums when a fit is next needed, or every FOLD_AT
+    steps. Whenever the fits are read, the sums are the decayed ones of the steps one by one."""
+    rng = np.random.default_rng(1)
+    model, rows, times = StepTimeModel(decay=0.95), [], []
+    for step in range(200):  # past FOLD_AT without a read, then reads at uneven gaps
+        batch, k = int(rng.integers(1, 65)), int(rng.integers(0, 9))
+        seconds = 0.002 + 0.0003 * batch * (k + 1) + rng.normal(0, 1e-5)
+        model.add(batch, k, seconds)
+        rows.append(model.features(batch, k))
+        times.append(seconds)
+        if step > 150 and step % 7 == 0 or step == 199:
+            weights = 0.95 ** np.arange(len(rows))[::-1]
+            x = np.array(rows)
+            assert model.fitted and model.coef is not None
+            assert np.allclose(model.xtx, (x * weights[:, None]).T @ x, rtol=1e-10)
+            assert np.allclose(model.xty, (x * weights[:, None]).T @ np.array(times), rtol=1e-10)
+    assert not StepTimeModel().fitted
+
+
 def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation():
     """As on `tiny`, whose forward is all overhead: every pass costs ~1 ms whatever its rows, so speculation
     pays at any batch. After speculating at batch 1 only, the verify and draft models could not tell their

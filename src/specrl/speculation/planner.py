@@ -172,8 +172,12 @@ class StepTimeModel:
     prices every option on every step, and on a model whose step takes a millisecond a solve per
     option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Predictions are plain
     Python over the solved coefficients: numpy's per-call cost, on the caches a model pass left cold,
-    made pricing 0.1-0.25 ms a step on `tiny` (6% of a call at batch 64). Each step's feature row and
-    its outer product are kept per (B, k, width): a drain revisits the same few."""
+    made pricing 0.1-0.25 ms a step on `tiny` (6% of a call at batch 64). For the same reason `add` only
+    notes the step; the steps noted since the last fit join the sums at once, when the fit is next needed
+    (or every `FOLD_AT` steps): updating the sums at each step cost ~15 us a step, most of the 5% that
+    feeding the controller cost `tiny` at batch 64 where plain decoding stands unpriced (`reprice_every`)."""
+
+    FOLD_AT = 64  # noted steps that join the sums even if no fit is asked for (adaptive=False is never priced)
 
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
         self.decay, self.ridge, self.features = decay, ridge, features
@@ -182,24 +186,38 @@ class StepTimeModel:
         self.xty = np.zeros(n)
         self._eye = np.eye(n)
         self._coef: list[float] | None = None
-        self._terms: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}  # x and x x^T
+        self._rows: dict[tuple[int, int, int], tuple[float, ...]] = {}  # feature rows per (B, k, width): a drain
+        # revisits the same few
+        self._noted: list[tuple[tuple[float, ...], float]] = []  # steps added since the sums were last updated
 
     def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
         key = (batch, k, width)
-        if key not in self._terms:
-            x = np.array(self.features(batch, k, width))
-            self._terms[key] = x, np.outer(x, x)
-        x, outer = self._terms[key]
-        self.xtx *= self.decay
-        self.xty *= self.decay
-        self.xtx += outer
-        self.xty += x * seconds
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = self.features(batch, k, width)
+        self._noted.append((row, seconds))
         self._coef = None
+        if len(self._noted) >= self.FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The noted steps into the sums: of m steps, the i-th weighs decay^(m-1-i), the sums before them
+        decay^m, as if each had been added alone."""
+        m = len(self._noted)
+        if not m:
+            return
+        x = np.array([row for row, _ in self._noted])
+        y = np.array([seconds for _, seconds in self._noted])
+        xw = x * (self.decay ** np.arange(m - 1, -1, -1.0))[:, None]
+        self.xtx = self.xtx * self.decay ** m + xw.T @ x
+        self.xty = self.xty * self.decay ** m + xw.T @ y
+        self._noted.clear()
 
     @property
     def coef(self) -> list[float]:
         """The fitted coefficients, one per feature."""
         if self._coef is None:
+            self._fold()
             xtx, xty = self.xtx.tolist(), self.xty.tolist()
             ridge = self.ridge * (sum(xtx[i][i] for i in range(len(xty))) or 1.0)
             if len(xty) == 2:  # the plain and draft fits: in closed form (a solve cost ~50 us on cold caches)
@@ -214,7 +232,7 @@ class StepTimeModel:
     @property
     def fitted(self) -> bool:
         """Whether any step was added."""
-        return bool(self.xty.any())
+        return bool(self._noted) or bool(self.xty.any())
 
     def predict(self, batch: int, k: int, width: int = 1) -> float:
         return self.predict_features(self.features(batch, k, width))
