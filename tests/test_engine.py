@@ -421,19 +421,21 @@ SHARED = [5, 6, 7, 8, 9, 10, 11, 12]
 @PATHS
 @pytest.mark.parametrize("proposer", ["none", "int8", "eagle3", "draft"])
 def test_a_shared_prefix_is_copied_and_samples_what_a_fresh_prefill_does(target_dir, draft_dir, proposer, fast):
+    """The first call's prompts share SHARED among themselves: it runs once, on the first prompt's row, and is
+    copied to the other; the second call's prompts share their first 4 tokens with the entry the first kept."""
     on = make_engine(target_dir, proposer, draft_dir, fast=fast)
     off = make_engine(target_dir, proposer, draft_dir, fast=fast, prefix_caching=False)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, n=2, seed=3)
-    for engine in (on, off):
-        engine.generate([SHARED + [1, 2], SHARED + [3]], params)
-    a, b = (engine.generate([SHARED + [4, 4, 4], SHARED + [2], SHARED[:5]], params) for engine in (on, off))
-    assert (a.cached_prompt_tokens, b.cached_prompt_tokens) == (4 * 3, 0)  # the shortest prompt keeps its last
-    assert a.spec.num_drafts == b.spec.num_drafts and a.spec.num_accepted_tokens == b.spec.num_accepted_tokens
-    for x, y in zip(a.completions, b.completions):
-        assert x.token_ids == y.token_ids
-        # the layer kernel is batch-invariant (the same bits); eager, PyTorch's matmuls at other row counts
-        assert x.logprobs == y.logprobs if fast else torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
-                                                                    atol=1e-5)
+    for prompts, copied in (([SHARED + [1, 2], SHARED + [3]], 8),
+                            ([SHARED + [4, 4, 4], SHARED + [2], SHARED[:5]], 4 * 3)):  # the shortest keeps its last
+        a, b = (engine.generate(prompts, params) for engine in (on, off))
+        assert (a.cached_prompt_tokens, b.cached_prompt_tokens) == (copied, 0)
+        assert a.spec.num_drafts == b.spec.num_drafts and a.spec.num_accepted_tokens == b.spec.num_accepted_tokens
+        for x, y in zip(a.completions, b.completions):
+            assert x.token_ids == y.token_ids
+            # the layer kernel is batch-invariant (the same bits); eager, PyTorch's matmuls at other row counts
+            assert x.logprobs == y.logprobs if fast else \
+                torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
 
 
 def test_a_prompt_the_cache_holds_whole_runs_no_prefill_and_samples_the_same(target_dir):

@@ -38,7 +38,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from specrl.engine.prefix_cache import PrefixCache
+from specrl.engine.prefix_cache import PrefixCache, common_prefix
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
 from specrl.models.kv_cache import KVCache
 from specrl.models.llama import LlamaModel
@@ -126,7 +126,8 @@ class CallState:
     trace: list[tuple[float, int, int, int]] = field(default_factory=list)  # per step: (seconds in, live rows, k, width)
     weight_updates: int = 0  # in-flight weight loads (versions adopted mid-call)
     weight_update_seconds: float = 0.0  # in the between-steps hook and the cache recomputes after a load
-    cached_prompt_tokens: int = 0  # over the call's distinct prompts, tokens whose K/V came from the prefix cache
+    cached_prompt_tokens: int = 0  # over the call's distinct prompts, tokens whose K/V were copied (from the
+    # prefix cache, or from the call's first prompt where all its prompts begin alike)
 
 
 class RolloutEngine:
@@ -244,24 +245,39 @@ class RolloutEngine:
     def _prefill_cache(self, tokens: torch.Tensor, lengths: torch.Tensor, cache: KVCache,
                        call: CallState) -> dict[int, torch.Tensor]:
         """Fill `cache` with every prompt's tokens but its last (tokens [P, S]): the first ones the prompts share
-        with the prefix cache's entry are copied from it, the rest run through the target. Returns the hidden
-        states the proposer reads, {layer: [P, longest - 1, H]}."""
+        with the prefix cache's entry are copied from it; the further ones all the prompts share run through the
+        target once, on the first prompt's row alone, become the entry and are copied too; the rest run through
+        the target. Returns the hidden states the proposer reads, {layer: [P, longest - 1, H]}."""
         prefilled = int(lengths.max()) - 1
         if prefilled < 1:
             return {}
-        cached = self.prefix.match(tokens, lengths, self.model.layers) if self.config.prefix_caching else 0
+        cached = 0
+        if self.config.prefix_caching:
+            cached = self.prefix.match(tokens, lengths, self.model.layers)
+            shared = common_prefix(tokens, lengths)
+            P = tokens.shape[0]
+            call.cached_prompt_tokens = cached * P + max(shared - cached, 0) * (P - 1)
+            if shared > cached:
+                one = self.model.new_cache(1, shared)
+                self.prefix.keep(tokens[0], shared, one, self._fill(tokens[:1], one, cached, shared), self.model.layers)
+                cached = shared
+        hidden = self._fill(tokens, cache, cached, prefilled)
+        if self.config.prefix_caching:
+            self.prefix.keep(tokens[0], int(lengths[0]) - 1, cache, hidden, self.model.layers)
+        return hidden
+
+    def _fill(self, tokens: torch.Tensor, cache: KVCache, cached: int, end: int) -> dict[int, torch.Tensor]:
+        """Positions [0, end) of every row of `tokens` into `cache`: the first `cached` copied from the prefix
+        cache's entry, the rest run through the target. Returns the hidden states the proposer reads there,
+        {layer: [rows, end, H]}."""
         reused = self.prefix.reuse(cache, cached)
         cache.lens.fill_(cached)
         hidden = {}
-        if prefilled > cached:
-            _, hidden = self.model.forward(tokens[:, cached:prefilled], cache, hidden_layers=self.hidden_layers,
-                                           logits=False)
+        if end > cached:
+            _, hidden = self.model.forward(tokens[:, cached:end], cache, hidden_layers=self.hidden_layers, logits=False)
         for layer, h in reused.items():  # the shared positions' hidden states, ahead of the prefilled ones
             shared = h.expand(tokens.shape[0], -1, -1)
             hidden[layer] = torch.cat([shared, hidden[layer]], dim=1) if layer in hidden else shared
-        call.cached_prompt_tokens = cached * tokens.shape[0]
-        if self.config.prefix_caching:
-            self.prefix.keep(tokens[0], int(lengths[0]) - 1, cache, hidden, self.model.layers)
         return hidden
 
     def _step(self, batch: LiveBatch, call: CallState) -> None:

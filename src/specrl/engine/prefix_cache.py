@@ -3,8 +3,11 @@
 RL prompts begin alike: the chat template's system prompt, then the task's instruction (the smollm2
 preset's prompts share their first 35 of ~64 tokens). The engine keeps what its prefill computed for the
 last call's first prompt: each layer's K/V and the hidden states its proposer reads. A call whose prompts
-all begin with c of those tokens copies them into its cache and prefills only the rest. vLLM's automatic
-prefix caching does the same by blocks over many prompts; one prompt is what a stream of RL calls reuses.
+all begin with c of those tokens copies them into its cache and prefills only the rest. Where a call's
+prompts share more than that among themselves (`common_prefix`: a GRPO step's first call after a weight
+sync finds no entry), the shared tokens run once, on the first prompt's row, become the entry and are
+copied likewise. vLLM's automatic prefix caching does the same by blocks over many prompts; one prompt is
+what a stream of RL calls reuses.
 
     count = prefix.match(tokens, lengths, model.layers)   tokens shared by every prompt (0: none)
     hidden = prefix.reuse(cache, count)                   K/V copied into every row; the hidden states
@@ -33,6 +36,15 @@ class _Entry:
     values: list[torch.Tensor]
     hidden: dict[int, torch.Tensor]  # per hidden layer the proposer reads, [s, H]
     layers: list  # the model's layer list (its weights) when computed
+
+
+def common_prefix(tokens: torch.Tensor, lengths: torch.Tensor) -> int:
+    """How many first tokens all the prompts (tokens [P, S], lengths [P]) share, at most each one's length - 1
+    (its last token is fed by the first step); 0 for a single prompt, which has no other to share with."""
+    if tokens.shape[0] < 2:
+        return 0
+    same = int((tokens == tokens[:1]).all(dim=0).long().cumprod(dim=0).sum())
+    return min(same, int(lengths.min()) - 1)
 
 
 class PrefixCache:
