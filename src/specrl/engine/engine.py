@@ -257,9 +257,10 @@ class RolloutEngine:
             shared = common_prefix(tokens, lengths)
             P = tokens.shape[0]
             call.cached_prompt_tokens = cached * P + max(shared - cached, 0) * (P - 1)
-            if shared > cached:
+            if shared > cached:  # once, on the first prompt's row; kept as the entry, and copied below
                 one = self.model.new_cache(1, shared)
-                self.prefix.keep(tokens[0], shared, one, self._fill(tokens[:1], one, cached, shared), self.model.layers)
+                self.prefix.keep(tokens[0], shared, one, self._fill(tokens[:1], one, cached, shared),
+                                 self.model.layers)
                 cached = shared
         hidden = self._fill(tokens, cache, cached, prefilled)
         if self.config.prefix_caching:
