@@ -39,7 +39,8 @@ class GenerateResult:
     trace: list[tuple[float, int, int, int]] = field(default_factory=list)
     weight_updates: int = 0  # versions adopted mid-call (in-flight weight updates; the embedded engine only)
     weight_update_seconds: float = 0.0  # spent loading them and recomputing the live rows' caches
-    cached_prompt_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, not the prefill (embedded)
+    cached_prompt_tokens: int = 0  # prompt tokens whose K/V were copied, not prefilled (embedded: from the prefix
+    # cache, or from the call's first prompt where all its prompts begin alike)
 
     @property
     def num_tokens(self) -> int:
