@@ -21,6 +21,7 @@ from helpers import save_random_checkpoint
 from specrl.speculation.planner import SpeculationController
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_state_dict
+from specrl.models.kv_cache import KVCache, retired_rows_order
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams
 from specrl.speculation.draft_model import DraftModelProposer
@@ -229,6 +230,44 @@ def test_stop_token_ends_the_response_and_is_kept(target_dir, draft_dir):
         out = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=(stop,)))
         c = out.completions[0]
         assert c.token_ids == base.completions[0].token_ids[: first + 1] and c.finish_reason == "stop"
+
+
+def test_retiring_rows_copies_only_the_rows_that_move_and_keeps_every_rows_cache():
+    cache = KVCache.allocate(num_layers=2, batch=6, num_kv_heads=2, max_len=5, head_dim=3)
+    for store in (*cache.keys, *cache.values):
+        store.copy_(torch.randn(store.shape))
+    cache.lens = torch.arange(6)
+    before = [s.clone() for s in (*cache.keys, *cache.values)]
+    storage = [s.data_ptr() for s in (*cache.keys, *cache.values)]
+    rows = retired_rows_order(torch.tensor([False, True, False, False, True, False]))
+    assert rows.tolist() == [0, 5, 2, 3]  # row 5 fills row 1's slot; the others stay
+    cache.select_rows(rows)
+    assert all(torch.equal(s, b[rows]) for s, b in zip((*cache.keys, *cache.values), before))
+    assert [s.data_ptr() for s in (*cache.keys, *cache.values)] == storage  # in place, no new tensors
+    assert cache.lens.tolist() == [0, 5, 2, 3] and cache.batch == 4
+    repeated = torch.tensor([0, 0, 3])  # a GRPO group's repeat: gathered anew
+    cache.select_rows(repeated)
+    assert all(torch.equal(s, b[rows][repeated]) for s, b in zip((*cache.keys, *cache.values), before))
+
+
+@pytest.mark.parametrize("proposer", ["none", "int8", "draft", "eagle3"])
+def test_rows_that_retire_before_the_rows_after_them_leave_every_other_response_as_decoded_alone(
+        target_dir, draft_dir, proposer):
+    """Retiring rows moves later rows into their slots (`retired_rows_order`): each response must still be the
+    one its prompt gives decoded alone, token for token (greedy, the batch-invariant fast path)."""
+    prompts = [[1, 2, 3, 4, 5, 1, 2], [7, 8], [9], [3, 1, 4, 1], [2, 7, 1, 8, 2], [6, 5]]
+    engine = make_engine(target_dir, proposer, draft_dir)
+    free = [engine.generate([p], SamplingParams(temperature=0, max_tokens=12)).completions[0].token_ids
+            for p in prompts]
+    stop = free[1][1]  # the second prompt stops after 2 tokens (or sooner), while later rows go on
+    params = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=(stop,))
+    alone = [engine.generate([p], params).completions[0] for p in prompts]
+    together = engine.generate(prompts, params).completions
+    lengths = [len(c.token_ids) for c in alone]
+    assert any(lengths[i] < lengths[j] for i in range(len(prompts)) for j in range(i + 1, len(prompts)))
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
 def test_weight_sync_changes_outputs_and_stamps_the_version(target_dir):

@@ -40,7 +40,7 @@ import torch
 
 from specrl.engine.prefix_cache import PrefixCache, common_prefix
 from specrl.generation import Completion, GenerateResult, encode_prompts, response_text
-from specrl.models.kv_cache import KVCache
+from specrl.models.kv_cache import KVCache, retired_rows_order
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.block_verify import block_verify
@@ -403,7 +403,7 @@ class RolloutEngine:
                 text=response_text(self.tokenizer, ids, call.params.stop) if self.tokenizer is not None else None)
         if self.controller.max_k:
             self.controller.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
-        keep = (~done).nonzero().flatten()
+        keep = retired_rows_order(done)  # the cache then copies only the rows that move
         batch.keep(keep)
         if self.proposer is not None:
             self.proposer.select_rows(keep)

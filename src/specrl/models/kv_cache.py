@@ -13,6 +13,18 @@ from dataclasses import dataclass
 import torch
 
 
+def retired_rows_order(done: torch.Tensor) -> torch.Tensor:
+    """The rows to keep when the rows with `done` [B] bool leave a batch, ordered so that fewest move: each
+    kept row stays in its slot, but those past the new batch size, which fill the leaving rows' slots.
+
+    Example: done [F, T, F, F, T, F] -> [0, 5, 2, 3] (row 5 moves into row 1's slot; rows 1 and 4 leave).
+    """
+    live = (~done).nonzero().flatten()
+    order = torch.arange(live.numel())
+    order[done[:live.numel()]] = live[live >= live.numel()]
+    return order
+
+
 @dataclass
 class KVCache:
     keys: list[torch.Tensor]  # per layer [B, Hkv, S_max, D]
@@ -37,9 +49,22 @@ class KVCache:
         return self.keys[0].shape[2]
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (a [B'] index, repeats allowed), in that order."""
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
+        """Keep only `rows` (a [B'] index, repeats allowed), in that order.
+
+        Where each kept row either stays in its slot or moves into the slot of a row that is not kept (what
+        retiring rows asks for, see `retired_rows_order`), only the moved rows are copied, in place, and the
+        tensors narrowed to the first B' rows; otherwise every layer is gathered anew."""
+        moved = (rows != torch.arange(rows.numel())).nonzero().flatten()  # destination slots
+        sources = rows[moved]
+        if rows.numel() <= self.batch and rows.unique().numel() == rows.numel() \
+                and not torch.isin(sources, moved).any():
+            for store in (*self.keys, *self.values):
+                store[moved] = store[sources]
+            width = rows.numel()
+            self.keys, self.values = [k[:width] for k in self.keys], [v[:width] for v in self.values]
+        else:
+            self.keys = [k.index_select(0, rows) for k in self.keys]
+            self.values = [v.index_select(0, rows) for v in self.values]
         self.lens = self.lens.index_select(0, rows)
 
     def grow_to(self, length: int) -> None:
