@@ -51,15 +51,13 @@ class KVCache:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (a [B'] index, repeats allowed), in that order.
 
-        Where each kept row either stays in its slot or moves into the slot of a row that is not kept (what
-        retiring rows asks for, see `retired_rows_order`), only the moved rows are copied, in place, and the
-        tensors narrowed to the first B' rows; otherwise every layer is gathered anew."""
-        moved = (rows != torch.arange(rows.numel())).nonzero().flatten()  # destination slots
-        sources = rows[moved]
-        if rows.numel() <= self.batch and rows.unique().numel() == rows.numel() \
-                and not torch.isin(sources, moved).any():
+        Without repeats, only the rows that change slot are copied (read first, then written), in place, and the
+        tensors narrowed to the first B' rows: retiring rows moves few (`retired_rows_order`). With repeats (a
+        GRPO group's), every layer is gathered anew."""
+        if rows.unique().numel() == rows.numel():
+            moved = (rows != torch.arange(rows.numel())).nonzero().flatten()  # destination slots
             for store in (*self.keys, *self.values):
-                store[moved] = store[sources]
+                store[moved] = store[rows[moved]]
             width = rows.numel()
             self.keys, self.values = [k[:width] for k in self.keys], [v[:width] for v in self.values]
         else:
