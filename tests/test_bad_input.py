@@ -92,6 +92,15 @@ def test_empty_prompt_is_refused(target_dir):
         RolloutEngine(LlamaModel.from_pretrained(target_dir)).generate([[]], SamplingParams(max_tokens=4))
 
 
+@pytest.mark.parametrize("prompts, message", [([], "the prompt list is empty"),
+                                              ("3 1 3", "prompts must be a list of prompts")])
+def test_an_empty_or_bare_prompt_list_is_named(target_dir, prompts, message):
+    engine = RolloutEngine(LlamaModel.from_pretrained(target_dir))
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, SamplingParams(max_tokens=4))
+    assert len(engine.generate([[3, 1]], SamplingParams(max_tokens=4)).completions) == 1  # still serves
+
+
 @pytest.mark.parametrize("make", [
     lambda: EngineConfig(num_speculative_tokens=-1),
     lambda: BackendConfig(num_speculative_tokens=-2),
@@ -106,6 +115,13 @@ def test_negative_k_is_refused(make):
 def test_invalid_sampling_parameters_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("temperature", [2e-39, 1e-300, 5e-324])
+def test_a_temperature_whose_inverse_overflows_float32_is_refused_naming_it(temperature):
+    with pytest.raises(ValueError, match=r"SamplingParams.temperature .* is too small to sample at"):
+        SamplingParams(temperature=temperature)
+    SamplingParams(temperature=3e-38)  # 1 / 3e-38 fits float32
 
 
 def test_unknown_backend_or_proposer_is_named():

@@ -20,6 +20,7 @@ from scipy.stats import chisquare
 
 from specrl.kernels import draft_sampler, small_gemm
 from specrl.sampling import SamplingParams
+from specrl.speculation.proposer import uses_draft_sampler
 
 pytestmark = pytest.mark.skipif(bool(small_gemm.unavailable()), reason="the kernels' library does not run here")
 
@@ -70,7 +71,29 @@ def test_a_row_without_a_distribution_is_refused(row):
 
 def test_only_untruncated_sampling_at_a_temperature_goes_through_the_kernel():
     logits = torch.zeros(2, 9)
-    assert draft_sampler.applies(logits, SamplingParams(temperature=0.8))
+    assert uses_draft_sampler(logits, SamplingParams(temperature=0.8))
     for params in (SamplingParams(temperature=0), SamplingParams(top_k=3), SamplingParams(top_p=0.9)):
-        assert not draft_sampler.applies(logits, params)
-    assert not draft_sampler.applies(logits.double(), SamplingParams())
+        assert not uses_draft_sampler(logits, params)
+    assert not uses_draft_sampler(logits.double(), SamplingParams())
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-300])
+def test_a_temperature_whose_inverse_overflows_float32_is_refused_naming_it(temperature):
+    """`SamplingParams` refuses such a temperature; called directly, the kernel marks the row bad (its sum is
+    0 * inf = NaN) instead of returning id -1 as a draw."""
+    logits = torch.tensor([[1.0, 2.0, 0.5]])
+    with pytest.raises(ValueError, match=f"softmax\\(logits / {temperature:g}\\)"):
+        draft_sampler.sample(logits, temperature, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("bad", [[0.0, 0.0, 0.0], [0.5, float("nan"), 0.5], [0.5, -0.1, 0.5], [0.5, float("inf"), 0.5]],
+                         ids=["no mass", "NaN", "negative", "inf"])
+def test_draw_refuses_a_row_it_cannot_draw_from(bad):
+    with pytest.raises(ValueError, match="cannot draw"):
+        draft_sampler.draw(torch.tensor([[0.2, 0.3, 0.5], bad]), torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
+def test_draw_never_takes_an_id_without_mass_at_the_extreme_uniforms():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]] * 2)
+    for u in (0.0, 1.0 - 2 ** -53):
+        assert draft_sampler.draw(probs, torch.full((2,), u, dtype=torch.float64)).tolist() == [[1, 1], [3, 3]][u > 0]

@@ -128,13 +128,44 @@ def test_speculative_two_token_samples_follow_the_truncated_target(target, draft
 def test_the_reviewed_narrow_draft_tree_samples_the_first_token_from_the_target(target, draft, reference_logits):
     """The review's reproduction: MTP head, T = 1, top_k = 2, K = 1, fixed width 3, 2000 one-token samples.
 
-    The head's top-2 differs from the target's, so the third candidate is padding of zero draft mass; the test
-    checks that such a padded candidate lies inside p's support (where the pre-fix rule accepted it, emitting it
-    in every sample). Chi-square of the first token against p; false failure odds 1e-4.
+    The head's top-2 differs from the target's, so the third candidate is padding of zero draft mass. The
+    proposer pads with the lowest ids left, outside p's support here; the review's case had the padding inside it
+    (where the pre-fix rule accepted it, emitting it in every sample), so the padding is swapped for p's most
+    likely token (any padding of zero draft mass is the proposer's to choose: `speculation.tree`), and the test
+    checks that it is there. Chi-square of the first token against p; false failure odds 1e-4.
     """
     n = 2000
     params = SamplingParams(n=n, temperature=1.0, top_k=2, max_tokens=1, ignore_eos=True, seed=0)
+    p = exact_p(reference_logits, params)[0]  # [V]
     engine = make_engine(target, draft, "mtp", k=1, width=3)
+    proposals = []
+    propose_tree = engine.proposer.propose_tree
+
+    def padded_inside_p(context, k, width):
+        proposal = propose_tree(context, k, width)
+        padding = proposal.q_first.gather(1, proposal.candidates) == 0
+        proposal.candidates = torch.where(padding, p.argmax(), proposal.candidates)
+        proposals.append(proposal)
+        return proposal
+
+    engine.proposer.propose_tree = padded_inside_p
+    result = engine.generate([PROMPT], params)
+    first = proposals[0]
+    padding = first.q_first.gather(1, first.candidates) == 0  # [n, 3]
+    assert (padding & (p[first.candidates] > 0)).any(1).all(), "no padded candidate inside p's support: " \
+                                                               "this no longer reproduces the reviewed case"
+    tokens = torch.tensor([c.token_ids[0] for c in result.completions])
+    assert chi_square_pvalue(tokens, p) > P_VALUE
+
+
+@pytest.mark.parametrize("proposer", ["eagle3", "mtp"])
+def test_tree_candidates_follow_the_first_draft_distribution_the_proposer_reports(target, draft, proposer):
+    """`HeadProposer.propose_tree` at T = 1, width 3, on 4000 rows of one prompt: every row reports the same
+    q_first; the first candidates ~ q_first, the second ~ its law after one draw without replacement,
+    sum_y q(y) q(x) / (1 - q(y)) over y != x (chi-square each, false failure odds 1e-4). The tiny-mass end of
+    the same law is `test_exactness_properties`' (the sampler, `draw_without_replacement`)."""
+    n = 4000
+    engine = make_engine(target, draft, proposer, k=1, width=3)
     proposals = []
     propose_tree = engine.proposer.propose_tree
 
@@ -143,11 +174,10 @@ def test_the_reviewed_narrow_draft_tree_samples_the_first_token_from_the_target(
         return proposals[-1]
 
     engine.proposer.propose_tree = recorded
-    result = engine.generate([PROMPT], params)
-    p = exact_p(reference_logits, params)[0]  # [V]
+    engine.generate([PROMPT], SamplingParams(n=n, temperature=1.0, max_tokens=1, ignore_eos=True, seed=3))
     first = proposals[0]
-    padding = first.q_first.gather(1, first.candidates) == 0  # [n, 3]
-    assert (padding & (p[first.candidates] > 0)).any(1).all(), "no padded candidate inside p's support: " \
-                                                               "this no longer reproduces the reviewed case"
-    tokens = torch.tensor([c.token_ids[0] for c in result.completions])
-    assert chi_square_pvalue(tokens, p) > P_VALUE
+    q = first.q_first[0].double()
+    assert torch.equal(first.q_first, first.q_first[:1].expand_as(first.q_first))
+    second = q * ((q / (1 - q)).sum() - q / (1 - q))  # x: sum over y != x of q(y) q(x) / (1 - q(y))
+    assert chi_square_pvalue(first.candidates[:, 0], q) > P_VALUE
+    assert chi_square_pvalue(first.candidates[:, 1], second / second.sum()) > P_VALUE

@@ -366,3 +366,119 @@ def test_a_padded_candidate_is_never_accepted_even_where_the_residual_has_mass()
     accept, final = first_token_stages(torch.tensor([[2, 3, 0]]), q_first, p_root)
     assert accept[0, 2].item() == 0.0 and final[0, 0].item() > 0
     torch.testing.assert_close(final, p_root)  # q's candidates had no target mass: the residual is still p
+
+
+# ---- the samplers: each one's draws against the law it reports ----
+#
+# The closed forms above take the verifier's probabilities as given; these check the draws themselves, where
+# floating point can break them: ids of tiny mass. q puts 1 - 1e-4 on id 0 and 1e-8 on each of 10,000 more ids,
+# so a sampler that draws each id with its probability puts Binomial(N, 1e-4) of N draws in that tail: 20 of
+# 200,000. One that misses the tail (a 1e-4 deviation in total variation) puts ~0 there, and the binomial test
+# rejects it (p < 1e-8); Gumbel top-w keys from float32 uniforms, the tree sampler before float64, drew an id of
+# 1e-8 the leader's mass with 1.5% of its probability (~0.3 of the 20). Seeded, so reproducible; a correct sampler
+# fails with probability 1e-4 (the p-value threshold).
+TAIL_IDS, TAIL_ID_MASS, DRAWS, CHUNK = 10_000, 1e-8, 200_000, 250
+
+
+def tail_draft() -> torch.Tensor:
+    """[1 + TAIL_IDS] float32: q above."""
+    q = torch.full((1 + TAIL_IDS,), TAIL_ID_MASS)
+    q[0] = 1 - TAIL_IDS * TAIL_ID_MASS
+    return q
+
+
+def assert_tail_law(hits: int, draws: int, tail_mass: float) -> None:
+    from scipy.stats import binomtest
+
+    pvalue = binomtest(hits, draws, tail_mass).pvalue
+    assert pvalue > 1e-4, f"{hits} of {draws} draws in the tail, {draws * tail_mass:.1f} expected (p = {pvalue:.2g})"
+
+
+def tail_hits(sample, q: torch.Tensor, seed: int = 0, draws: int = DRAWS) -> list[torch.Tensor]:
+    """`sample(rows [CHUNK, V], generator) -> ids [CHUNK, ...]` over `draws` rows of q, in chunks."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = q.expand(CHUNK, -1).contiguous()
+    return [sample(rows, generator) for _ in range(draws // CHUNK)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32-kernel", "float64-torch"])
+def test_draw_takes_each_id_with_its_probability_down_to_tiny_masses(dtype):
+    """`sampling.draw` (a chain's draft tokens off the kernel, every residual and bonus token); fp32 rows run
+    in the kernel, float64 rows in PyTorch, and both agree id for id on random rows at the same uniforms."""
+    from specrl.sampling import draw
+
+    q = tail_draft().to(dtype)
+    if dtype == torch.float32:
+        ids = torch.cat(tail_hits(draw, q))
+        assert_tail_law(int((ids > 0).sum()), DRAWS, float(q[1:].double().sum()))
+    rows = torch.rand(64, 1000, generator=torch.Generator().manual_seed(1)).pow(8).to(dtype)
+    rows[:, ::3] = 0  # ids without mass
+    assert torch.equal(draw(rows, torch.Generator().manual_seed(2)),
+                       draw(rows.double() if dtype == torch.float32 else rows.float(), torch.Generator().manual_seed(2)))
+
+
+def test_the_draft_sampler_takes_each_id_with_the_probability_it_reports():
+    """`kernels.draft_sampler.sample` (a chain's draft tokens at a temperature, untruncated): the draws against
+    the q it returns."""
+    from specrl.kernels import draft_sampler
+
+    logits = tail_draft().log()
+    reported = []
+
+    def sample(rows, generator):
+        ids, q = draft_sampler.sample(rows, 1.0, generator)
+        reported.append(q[0, 1:].double().sum())
+        return ids
+
+    ids = torch.cat(tail_hits(sample, logits))
+    tail_mass = float(reported[0])
+    assert math.isclose(tail_mass, 1e-4, rel_tol=1e-4) and all(float(m) == tail_mass for m in reported)
+    assert_tail_law(int((ids > 0).sum()), DRAWS, tail_mass)
+
+
+def test_tree_candidates_are_sequential_draws_without_replacement_down_to_tiny_masses():
+    """`sampling.draw_without_replacement`, the tree's candidate first tokens (`HeadProposer.propose_tree`), at
+    width 2: the first candidate ~ q, the second ~ q without the first, renormalised. The second is id 0 only
+    when a tail id came first: P = sum over tail ids y of q(y) q(0) / (1 - q(y)), ~1e-4 again."""
+    from specrl.sampling import draw_without_replacement
+
+    q = tail_draft()
+    pairs = torch.cat(tail_hits(lambda rows, g: draw_without_replacement(rows, 2, g), q))
+    assert bool((pairs[:, 0] != pairs[:, 1]).all())
+    qd = q.double()
+    assert_tail_law(int((pairs[:, 0] > 0).sum()), DRAWS, float(qd[1:].sum()))
+    second_is_head = float((qd[1:] * qd[0] / (1 - qd[1:])).sum())
+    assert_tail_law(int((pairs[:, 1] == 0).sum()), DRAWS, second_is_head)
+
+
+def test_tree_candidates_pad_with_distinct_ids_of_no_mass_once_the_draft_is_used_up():
+    from specrl.sampling import draw_without_replacement
+
+    q = torch.tensor([[0.0, 0.7, 0.0, 0.3, 0.0]]).expand(2000, -1)
+    drawn = draw_without_replacement(q, 4, torch.Generator().manual_seed(0))
+    assert set(map(tuple, drawn[:, :2].sort(1).values.tolist())) == {(1, 3)}
+    assert bool((drawn[:, 2:] == torch.tensor([0, 2])).all())  # padding: the lowest ids left, without mass
+    first = torch.bincount(drawn[:, 0], minlength=5).double()
+    from scipy.stats import chisquare
+    assert chisquare(first[[1, 3]], torch.tensor([0.7, 0.3]) * 2000).pvalue > 1e-4
+
+
+def test_the_residual_draw_takes_each_id_with_its_probability_down_to_tiny_masses():
+    """The token drawn after a rejection: p = 1/2 on id 0, 1/2 - 1e-4 on id 1, 1e-8 on each of 10,000 more; the
+    draft proposes id 0 (one-hot), rejected with probability 1/2. The residual norm(max(0, p - q)) puts 2e-4 on
+    the tail, 2e-8 an id: the same in `verify` (`recovery_probs`), `block_verify` (`block_rule`) and a width-1
+    tree (`first_token_stages`); the draws from it against it."""
+    from specrl.sampling import draw
+    from specrl.speculation.tree import first_token_stages
+
+    p = torch.full((2 + TAIL_IDS,), TAIL_ID_MASS)
+    p[0], p[1] = 0.5, 0.5 - TAIL_IDS * TAIL_ID_MASS
+    drafts, target = torch.tensor([[0]]), torch.stack([p, p]).unsqueeze(0)  # K = 1: [1, 2, V]
+    residual = recovery_probs(drafts, None, target)[0, 0]
+    _, block_rows = block_rule(drafts, None, target)
+    _, tree_final = first_token_stages(drafts, None, p.unsqueeze(0))
+    for other in (block_rows[0, 0] / block_rows[0, 0].sum(), tree_final[0]):
+        torch.testing.assert_close(other, residual, rtol=1e-6, atol=0)
+    assert residual[0] == 0 and math.isclose(float(residual[2:].double().sum()), 2e-4, rel_tol=1e-5)
+    ids = torch.cat(tail_hits(draw, residual, seed=1, draws=DRAWS // 2))  # 2e-4 of tail: 20 expected again
+    assert_tail_law(int((ids > 1).sum()), DRAWS // 2, float(residual[2:].double().sum()))

@@ -92,3 +92,25 @@ def test_a_hook_that_loads_nothing_changes_nothing(target_dir):
     hooked = make_engine(target_dir, "eagle3").generate(PROMPTS, params, between_steps=lambda: calls.append(None))
     assert [c.token_ids for c in hooked.completions] == [c.token_ids for c in plain.completions]
     assert hooked.weight_updates == 0 and len(calls) == hooked.steps - 1  # not after the last step
+
+
+@pytest.mark.parametrize("how", ["engine", "model"])
+def test_a_mid_call_load_that_keeps_the_version_is_refused(target_dir, new_dir, how):
+    """A load between steps under the call's own version would make the later tokens indistinguishable from the
+    earlier ones (and, unnoticed, scored over the old weights' K/V). Through `engine.load_weights` it is
+    refused before anything is replaced; straight into the model it is caught by the layer list's identity."""
+    engine = make_engine(target_dir, "eagle3", k=3)
+    before = engine.model.layers
+    state = load_state_dict(new_dir)
+
+    def hook():
+        if how == "engine":
+            engine.load_weights(state, engine.version)
+        else:
+            engine.model.load_weights(state)
+
+    with pytest.raises(ValueError, match="kept version 0" if how == "model" else "version 0, the version of the call"):
+        engine.generate(PROMPTS, SamplingParams(max_tokens=8, seed=0, ignore_eos=True), between_steps=hook)
+    assert (engine.model.layers is before) == (how == "engine") and not engine.generating
+    engine.load_weights(state, 0)  # between calls the version is the caller's to keep
+    assert len(engine.generate(PROMPTS, SamplingParams(max_tokens=4)).completions) == len(PROMPTS)

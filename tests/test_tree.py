@@ -142,3 +142,15 @@ def test_tree_shape_masks_and_paths():
     assert shape.depths.tolist() == [0, 1, 2, 1, 2]
     assert shape.ancestors[4].tolist() == [True, False, False, True, True]
     assert shape.path(torch.tensor([1, -1])).tolist() == [[0, 3, 4], [0, 1, 2]]
+
+
+def test_a_candidate_of_tiny_acceptance_chance_is_not_accepted_by_a_zero_float32_uniform():
+    """As `test_verify`'s: the stage uniforms are float64, so at this seed (first float32 uniform 0.0, first
+    float64 uniform 2.26e-7) a candidate accepted with probability 1e-9 is rejected."""
+    from test_verify import ZERO_UNIFORM_SEED
+
+    p_root = torch.tensor([[1e-9, 1 - 1e-9]], dtype=torch.float64)
+    tokens, emitted, branch = verify_tree(torch.tensor([[0]]), None, torch.zeros(1, 1, 0, dtype=torch.long), None,
+                                          p_root, torch.full((1, 1, 1, 2), 0.5, dtype=torch.float64),
+                                          generator=torch.Generator().manual_seed(ZERO_UNIFORM_SEED))
+    assert branch.item() == -1 and tokens[0, 0].item() == 1 and emitted.item() == 1

@@ -177,3 +177,22 @@ def test_draft_token_outside_target_support_is_always_rejected():
 def test_shape_mismatch_names_the_argument():
     with pytest.raises(ValueError, match="target_probs"):
         verify(torch.zeros(2, 3, dtype=torch.long), None, torch.rand(2, 3, V))
+
+
+# torch.Generator().manual_seed(ZERO_UNIFORM_SEED) makes torch.rand's first float32 uniform exactly 0 (the low 24
+# bits of the Mersenne twister's first output are 0; found by search over seeds), and its first float64 uniform
+# 2.26e-7. Float32 uniforms are 0 with probability 2^-24, and `u < a` then accepts a draft of any acceptance
+# chance a > 0.
+ZERO_UNIFORM_SEED = 5528393
+
+
+def test_the_seed_gives_a_zero_float32_uniform():
+    assert torch.rand(1, generator=torch.Generator().manual_seed(ZERO_UNIFORM_SEED)).item() == 0.0
+
+
+def test_a_draft_of_tiny_acceptance_chance_is_not_accepted_by_a_zero_float32_uniform():
+    """Acceptance 1e-9: with a float64 uniform (2.26e-7 at this seed) the draft is rejected, as it is but for
+    1e-9 of draws; with the float32 uniform (0.0) it would be accepted."""
+    p = torch.tensor([[[1e-9, 1 - 1e-9], [0.5, 0.5]]], dtype=torch.float64)
+    tokens, emitted = verify(torch.tensor([[0]]), None, p, generator=torch.Generator().manual_seed(ZERO_UNIFORM_SEED))
+    assert emitted.item() == 1 and tokens[0, 0].item() == 1

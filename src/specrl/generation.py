@@ -50,9 +50,13 @@ class GenerateResult:
 def encode_prompts(prompts: list, tokenizer, vocab_size: int) -> list[list[int]]:
     """Token ids for each prompt: text is encoded without special tokens, ids are checked.
 
-    An empty prompt, text without a tokenizer, anything but text or a list of integer ids, or an
+    An empty prompt list, an empty prompt, text without a tokenizer, anything but text or a list of integer ids, or an
     id outside 0..vocab_size-1 is an error that names the prompt.
     """
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be a list of prompts (text or token ids), got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("the prompt list is empty: give generate() at least one prompt")
     encoded = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):

@@ -16,7 +16,10 @@ from typing import ClassVar
 
 import torch
 
+from specrl.kernels import draft_sampler
 from specrl.validation import check_fields, within
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ class SamplingParams:
 
     def __post_init__(self):
         check_fields(self)
+        if self.temperature > 0 and not 1 / self.temperature <= FLOAT32_MAX:
+            raise ValueError(f"SamplingParams.temperature {self.temperature:g} is too small to sample at: logits are "
+                             f"scaled by 1 / temperature in float32, whose largest value is {FLOAT32_MAX:.4g}; use "
+                             "temperature=0 for greedy decoding, or a temperature of at least "
+                             f"{1 / FLOAT32_MAX:.3g}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
 
@@ -87,10 +95,38 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     """One id per row of probs [B, V] (non-negative, each row with positive mass; rows need not sum to 1),
     drawn with probability proportional to its entry: the inverse of each row's cumulative distribution at
     one uniform. The cumulative sums are in float64, so each id's chance matches its entry to ~1e-16 of the
-    row's mass, and an id of probability 0 is never drawn. The same law as `torch.multinomial(probs, 1)`,
-    ~15x faster at SmolLM2's 49k ids (1 ms a row there, on this project's CPU)."""
+    row's mass, and an id of probability 0 is never drawn. The same law as `torch.multinomial(probs, 1)`;
+    fp32 rows on the CPU run in one kernel call (`kernels.draft_sampler.draw`, the same float64 sums)."""
+    u = torch.rand(probs.shape[0], dtype=torch.float64, generator=generator, device=probs.device)
+    if draft_sampler.takes(probs):
+        return draft_sampler.draw(probs, u)
     cdf = probs.double().cumsum(-1)  # [B, V]
     if not bool((cdf[:, -1] > 0).all()):  # NaN fails this too
         raise ValueError("cannot draw from a row with no probability mass (all zero, or NaN)")
-    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, generator=generator, device=probs.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(probs.shape[-1] - 1)
+
+
+def draw_without_replacement(probs: torch.Tensor, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`count` distinct ids per row of probs [B, V] -> [B, count], in draw order: each drawn by `draw` from the
+    row with the ids before it removed (renormalised), so the j-th id's law is exactly that of the j-th of
+    sequential draws without replacement, to `draw`'s float64 resolution. A row whose mass is used up (fewer
+    than `count` ids of positive probability) is padded with distinct ids of probability 0, the lowest ones left;
+    tree verification accepts such an id with probability 0 (`speculation.tree`).
+
+    (Gumbel top-w keys, log q - log(-log u), have the same law only for uniforms of unlimited resolution: with
+    float32 uniforms the noise is capped near 16.6, so an id of 1e-8 the leader's mass is almost never first.)
+    """
+    if count > probs.shape[-1]:
+        raise ValueError(f"cannot draw {count} distinct ids from a vocabulary of {probs.shape[-1]}")
+    rest = probs.clone(memory_format=torch.contiguous_format)  # what is left to draw from
+    drawn = torch.empty(probs.shape[0], count, dtype=torch.long, device=probs.device)
+    for j in range(count):
+        live = rest.sum(-1) > 0  # [B]: mass left (a sum of non-negative entries is 0 only if all are)
+        if j == 0 or bool(live.all()):  # (a row without mass at the first draw is refused by `draw`)
+            drawn[:, j] = draw(rest, generator)
+        else:  # rows whose mass is used up: the lowest id not yet drawn (argmax: the first maximum)
+            drawn[:, j] = torch.ones_like(rest).scatter_(-1, drawn[:, :j], 0.0).argmax(-1)
+            if bool(live.any()):
+                drawn[live, j] = draw(rest[live], generator)
+        rest.scatter_(-1, drawn[:, j:j + 1], 0.0)
+    return drawn

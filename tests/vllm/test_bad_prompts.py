@@ -80,3 +80,7 @@ def test_an_empty_prompt_is_refused_naming_the_prompt(backend, engine_calls, emp
 def test_a_token_id_outside_the_vocabulary_is_refused_naming_the_id_and_the_size(backend, engine_calls, bad_id):
     message = rf"prompt 0 has token ids outside the vocabulary \(size 40\): \[{bad_id}\]"
     assert_refused_then_serves(backend, engine_calls, [[5, bad_id, 6]], GREEDY, message)
+
+
+def test_an_empty_prompt_list_is_refused_naming_it(backend, engine_calls):
+    assert_refused_then_serves(backend, engine_calls, [], GREEDY, "the prompt list is empty")

@@ -57,6 +57,13 @@ def test_greedy_tokens_equal_the_embedded_engines(backend, target):
     assert sum(len(t) for t in tokens_of(ours)) > 3 * len(PROMPTS)  # not a trivially short comparison
 
 
+def test_every_exponential_race_draw_takes_float64_noise(backend):
+    """vLLM samples (plainly, after a rejection, a probabilistic draft) by argmax p / E; with float32 noise an id
+    of ~1e-8 the leader's mass is drawn far less often than its probability, so the backend turns on vLLM's
+    float64 noise. The samples' law itself is the chi-square tests' (`test_cpu_sampling_plugin.py`)."""
+    assert backend.llm.llm_engine.model_config.use_fp64_gumbel is True
+
+
 def test_greedy_logprobs_equal_the_trainers_log_softmax(backend, target):
     result = backend.generate(PROMPTS, GREEDY)
     for prompt, c in zip(PROMPTS, result.completions):

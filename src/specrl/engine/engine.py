@@ -21,7 +21,8 @@ The live batch drains as rows finish, as RL rollouts do, and K adapts to it.
 
 In-flight weight updates (`generate(..., between_steps=hook)`): after every step the
 hook may load new weights (the async pipeline's actors load the newest published
-version there). When the version changed, the live rows' KV cache is recomputed under
+version there). When the weights changed (a new layer list: every load builds one; a load that
+keeps the version number is refused), the live rows' KV cache is recomputed under
 the new weights (one prefill of every row's tokens so far) and the proposer restarts on
 it, so each later token is sampled exactly from the new version's conditional given its
 prefix, and carries that version; the tokens before keep theirs. This is AReaL's
@@ -139,6 +140,7 @@ class RolloutEngine:
         self.config = config
         self.verify_chain = CHAIN_VERIFIERS[config.verification or "block"]
         self.version = 0
+        self.generating = False  # inside a generate call's steps (where a weight load needs a new version)
         max_k = 0 if proposer is None else config.num_speculative_tokens if config.num_speculative_tokens is not None \
             else default_speculative_tokens(proposer.name)
         widest = proposer.max_width if proposer is not None else 1
@@ -154,7 +156,12 @@ class RolloutEngine:
         self.prefix = PrefixCache()
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Weight sync: replace the policy's weights (Hugging Face names) and stamp a new version."""
+        """Weight sync: replace the policy's weights (Hugging Face names) and stamp a new version (mid-call, from
+        `generate`'s between-steps hook, the version must change: see `_between_steps`)."""
+        if self.generating and version == self.version:
+            raise ValueError(f"load_weights with version {version}, the version of the call in progress: a load "
+                             "between its steps needs a new version, so its later tokens can be told from the ones "
+                             "before (the weights were not replaced)")
         self.model.load_weights(state, source=f"policy weights of version {version}")
         self.version = version
         self.prefix.clear()
@@ -186,21 +193,32 @@ class RolloutEngine:
                          stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long),
                          outputs=[None] * (len(prompts) * params.n))
         batch = self._prefill(prompts, call)
-        while batch.size:
-            self._step(batch, call)
-            if between_steps is not None and batch.size:
-                self._between_steps(batch, call, between_steps)
+        self.generating = True
+        try:
+            while batch.size:
+                self._step(batch, call)
+                if between_steps is not None and batch.size:
+                    self._between_steps(batch, call, between_steps)
+        finally:
+            self.generating = False
         return GenerateResult(call.outputs, call.spec, time.perf_counter() - start, call.steps, call.k_histogram,
                               call.draft_seconds, call.width_histogram, call.trace, call.weight_updates,
                               call.weight_update_seconds, call.cached_prompt_tokens)
 
     def _between_steps(self, batch: LiveBatch, call: CallState, hook: Callable[[], None]) -> None:
-        """Run the hook (outside inference mode: a weight load is the same as between calls); if it
-        changed the version, recompute the live rows' cache under the new weights and restart the proposer."""
-        start, version = time.perf_counter(), self.version
+        """Run the hook (outside inference mode: a weight load is the same as between calls); if it loaded
+        weights (told by the model's layer list, which every load replaces, not by the version number), recompute
+        the live rows' cache under the new weights and restart the proposer. A load that kept the version is
+        refused: the tokens after it could not be told from the ones before."""
+        start, version, weights = time.perf_counter(), self.version, self.model.layers
         with torch.inference_mode(False):
             hook()
-        if self.version != version:
+        if self.model.layers is not weights and self.version == version:  # loaded past `load_weights`
+            raise ValueError(
+                f"the between-steps hook loaded new weights into the model mid-call but kept version {version}: the "
+                "tokens sampled from them would carry the version of the ones before; load them with "
+                "engine.load_weights(state, version) and a new version")
+        if self.model.layers is not weights:
             # every row's tokens but its last (which the next step feeds), from position 0; rows shorter
             # than the longest write junk past their end that is masked out and later overwritten
             tokens = batch.tokens.clamp_min(0)  # the junk past a row's end may be PAD (-1)

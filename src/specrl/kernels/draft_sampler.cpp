@@ -11,9 +11,12 @@
 // The draw is the inverse of q's cumulative distribution at one uniform, as sampling.draw: each id's chance is
 // its entry of q to ~1e-16 of the row's mass, whatever order the sums run in, and an id with q = 0 is never
 // drawn. The cumulative sums run over blocks of 8 ids first (float64), then inside the chosen block.
+// `specrl_draw` is the same draw from given probabilities (`sampling.draw` on fp32 rows).
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <vector>
 
 #include "vector_math.h"
 
@@ -38,17 +41,89 @@ static float row_max(const float* x, int n) {
     return any_nan ? NAN : best;
 }
 
-// The mass of ids [8 b, 8 b + 8) of p (n ids), summed in float64 in order
-static inline double block_mass(const float* p, int n, int b) {
-    double mass = 0.0;
-    for (int v = b * 8; v < n && v < b * 8 + 8; ++v) mass += p[v];
-    return mass;
+// Each block of 8 ids' mass, in float64, into mass[(n + 7) / 8]; returns their sum, in order, or NaN where an entry
+// is negative, NaN or infinite.
+static double block_masses(const float* p, int n, double* mass) {
+    const int full = n / 8;
+    __m256 bad = _mm256_setzero_ps();
+    const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
+    double total = 0.0;
+    for (int b = 0; b < full; ++b) {
+        const __m256 v = _mm256_loadu_ps(p + 8 * b);
+        // not (0 <= v < inf): a negative, NaN or infinite entry
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ));
+        const __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                                        _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
+        mass[b] = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+        total += mass[b];
+    }
+    bool invalid = _mm256_movemask_ps(bad) != 0;
+    if (full * 8 < n) {
+        double tail = 0.0;
+        for (int v = full * 8; v < n; ++v) {
+            invalid = invalid || !(p[v] >= 0.f && p[v] < INFINITY);
+            tail += p[v];
+        }
+        mass[full] = tail;
+        total += tail;
+    }
+    return invalid ? NAN : total;
+}
+
+// The id of p (n entries, non-negative, any positive total) at uniform u in [0, 1), `mass` a scratch of (n + 7) / 8:
+// the block of 8 ids where the float64 sum of the block masses, in order, first exceeds u * total (their full sum,
+// by the same additions: so, u < 1, there is one), then the id inside it where the running sum does; where
+// rounding leaves that sum short, the block's last id with mass. -1 where no id has mass, or an entry is
+// negative, NaN or infinite.
+static int64_t inverse_cdf(const float* p, int n, double u, double* mass) {
+    const int blocks = (n + 7) / 8;
+    const double total = block_masses(p, n, mass);
+    if (!(total > 0.0 && total < INFINITY)) return -1;
+    const double target = u * total;
+    double below = 0.0;
+    for (int b = 0; b < blocks; ++b) {
+        if (below + mass[b] > target) {
+            int64_t chosen = -1;
+            double acc = below;
+            for (int v = b * 8; v < n && v < b * 8 + 8; ++v) {
+                if (p[v] <= 0.f) continue;
+                chosen = v;
+                acc += p[v];
+                if (acc > target) break;
+            }
+            return chosen;
+        }
+        below += mass[b];
+    }
+    for (int v = n - 1; v >= 0; --v)  // u * total rounded up to total: the last id with mass
+        if (p[v] > 0.f) return v;
+    return -1;
+}
+
+// probs [rows, n] (non-negative; rows need not sum to 1); u [rows] uniforms in [0, 1); token [rows]: each row's id
+// by `inverse_cdf`. Returns 0, or 1 where a row has no mass, a negative, NaN or infinite entry (token unset).
+extern "C" int specrl_draw(const float* probs, int rows, int n, const double* u, int64_t* token) {
+    std::vector<double> mass((n + 7) / 8);
+    int bad = 0;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t chosen = inverse_cdf(probs + (int64_t)r * n, n, u[r], mass.data());
+        if (chosen < 0) {
+            bad = 1;
+            continue;
+        }
+        token[r] = chosen;
+    }
+    return bad;
 }
 
 // logits, q [rows, n]; u [rows] uniforms in [0, 1); token [rows]. Returns 0, or 1 where a row has no finite
-// maximum (all -inf, a NaN or a +inf: no distribution to draw from), leaving that row's outputs unset.
+// maximum (all -inf, a NaN or a +inf: no distribution to draw from), a sum that is not finite (an
+// inv_temperature of inf), or no id chosen, leaving that row's token unset.
 extern "C" int specrl_sample_softmax(const float* logits, int rows, int n, float inv_temperature, const double* u,
                                      float* q, int64_t* token) {
+    std::vector<double> mass((n + 7) / 8);
     int bad = 0;
     for (int r = 0; r < rows; ++r) {
         const float* x = logits + (int64_t)r * n;
@@ -74,33 +149,17 @@ extern "C" int specrl_sample_softmax(const float* logits, int rows, int n, float
             p[i] = expf((x[i] - top) * inv_temperature);
             sum += p[i];
         }
-        const float norm = (float)(1.0 / sum);  // sum >= 1: the maximum's own term
-        for (i = 0; i < n; ++i) p[i] *= norm;
-        // the draw: the block where the float64 sum of the block masses, in order, first exceeds u * total (their
-        // full sum, by the same additions: so, u < 1, there is one), then the id inside it where the running
-        // sum does; where rounding leaves that sum short, the block's last id with mass
-        const int blocks = (n + 7) / 8;
-        double total = 0.0;
-        for (int b = 0; b < blocks; ++b) total += block_mass(p, n, b);
-        const double target = u[r] * total;
-        double below = 0.0;
-        int64_t chosen = -1;
-        for (int b = 0; b < blocks; ++b) {
-            const double mass = block_mass(p, n, b);
-            if (below + mass > target) {
-                double acc = below;
-                for (int v = b * 8; v < n && v < b * 8 + 8; ++v) {
-                    if (p[v] <= 0.f) continue;
-                    chosen = v;
-                    acc += p[v];
-                    if (acc > target) break;
-                }
-                break;
-            }
-            below += mass;
+        if (!(sum > 0.0 && sum < INFINITY)) {  // the maximum's own term is ~1, unless 1 / T overflowed (0 * inf)
+            bad = 1;
+            continue;
         }
-        for (int v = n - 1; chosen < 0 && v >= 0; --v)  // u * total rounded up to total: the last id with mass
-            if (p[v] > 0.f) chosen = v;
+        const float norm = (float)(1.0 / sum);
+        for (i = 0; i < n; ++i) p[i] *= norm;
+        const int64_t chosen = inverse_cdf(p, n, u[r], mass.data());
+        if (chosen < 0) {
+            bad = 1;
+            continue;
+        }
         token[r] = chosen;
     }
     return bad;

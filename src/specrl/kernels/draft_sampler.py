@@ -8,8 +8,11 @@ from the call's generator, as `sampling.draw`, so each id is drawn with its prob
 
     token, q = sample(logits, temperature, generator)   logits [B, V] -> token [B] long, q [B, V] fp32
 
-It covers untruncated sampling at a temperature above 0 (`applies`); `proposer.sample_draft_token` sends
-the rest (greedy, top-k, top-p) through `sampling`.
+It covers untruncated sampling at a temperature above 0 (`proposer.sample_draft_token` sends the rest, greedy,
+top-k and top-p, through `sampling`), on fp32 rows on the CPU (`takes`).
+
+    token = draw(probs, u)   the same inverse-CDF draw from given probabilities (what `sampling.draw` runs on
+                             fp32 rows on the CPU: ~1 ns an id, where PyTorch's float64 cumsum takes ~10)
 """
 from __future__ import annotations
 
@@ -18,14 +21,23 @@ import ctypes
 import torch
 
 from specrl.kernels import small_gemm
-from specrl.sampling import SamplingParams
 
 
-def applies(logits: torch.Tensor, params: SamplingParams) -> bool:
-    """Whether `sample` draws for these logits and params: fp32 on the CPU, a temperature above 0, no top-k or
-    top-p, and the kernels' library built for this CPU."""
-    return (not params.greedy and not params.top_k and params.top_p >= 1.0 and logits.dtype == torch.float32
-            and logits.device.type == "cpu" and logits.dim() == 2 and not small_gemm.unavailable())
+def takes(x: torch.Tensor) -> bool:
+    """Whether `sample` and `draw` run on x: fp32 [B, V] on the CPU, and the kernels' library built here."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and not small_gemm.unavailable()
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One id per row of probs [B, V] (non-negative, rows need not sum to 1) at the float64 uniforms u [B]: the
+    inverse of the row's float64 cumulative distribution at u * its total, as `sampling.draw` computes it."""
+    probs, u = probs.contiguous(), u.contiguous()
+    rows, vocab = probs.shape
+    token = torch.empty(rows, dtype=torch.long)
+    if small_gemm._library()[0].specrl_draw(probs.data_ptr(), rows, vocab, u.data_ptr(), token.data_ptr()):
+        raise ValueError("cannot draw from a row with no probability mass (all zero), or with a negative, NaN or "
+                         "infinite entry")
+    return token
 
 
 def sample(logits: torch.Tensor, temperature: float,
@@ -38,5 +50,6 @@ def sample(logits: torch.Tensor, temperature: float,
     token = torch.empty(rows, dtype=torch.long)
     if small_gemm._library()[0].specrl_sample_softmax(logits.data_ptr(), rows, vocab, ctypes.c_float(1 / temperature),
                                                       u.data_ptr(), q.data_ptr(), token.data_ptr()):
-        raise ValueError("cannot draw from a row with no probability mass (its logits all -inf, or one NaN or +inf)")
+        raise ValueError(f"cannot draw from softmax(logits / {temperature:g}): a row has no probability mass (its "
+                         "logits all -inf, or one NaN or +inf), or 1 / temperature is not finite in float32")
     return token, q

@@ -119,6 +119,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specrl_quantize_int8.restype = i
     lib.specrl_sample_softmax.argtypes = [p, i, i, ctypes.c_float, p, p, p]
     lib.specrl_sample_softmax.restype = i
+    lib.specrl_draw.argtypes = [p, i, i, p, p]
+    lib.specrl_draw.restype = i
     return lib, ""
 
 

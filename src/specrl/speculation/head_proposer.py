@@ -31,8 +31,8 @@ Drafts are sampled from q = the head's distribution under the call's sampling pa
 
     propose_tree(context, k, width)
         element 1's distribution q_1 gives `width` candidate first tokens, drawn without replacement
-        (Gumbel top-w of log q_1, the law of sequential draws without replacement; at temperature 0
-        the top-w of the head's logits, deterministic); each candidate's branch is then drafted like
+        (`sampling.draw_without_replacement`: one inverse-CDF draw after another from what is left of q_1;
+        at temperature 0 the top-w of the head's logits, deterministic); each candidate's branch is then drafted like
         a chain on a copy of the head's cache repeated `width` times, discarded afterwards.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from specrl.models.kv_cache import KVCache
-from specrl.sampling import SamplingParams, sampling_distribution
+from specrl.sampling import SamplingParams, draw_without_replacement, sampling_distribution
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.proposer import (CallScopedState, Proposal, ProposalContext, TreeProposal, sample_draft_token,
                                          to_target_vocab)
@@ -172,9 +172,7 @@ class HeadProposer(CallScopedState):
             candidates, q_first = (top if head.d2t is None else head.d2t[top]), None
         else:  # drawn in the head's V_out ids, then mapped (d2t is one to one: the same law, fewer ids)
             q_out, _ = sampling_distribution(logits, params)  # [B, V_out]
-            u = torch.rand(q_out.shape, generator=context.generator).clamp_min(torch.finfo(torch.float32).tiny)
-            keys = torch.where(q_out > 0, q_out.log() - (-u.log()).log(), float("-inf"))
-            candidates = keys.topk(width, dim=-1).indices  # w draws without replacement, in draw order
+            candidates = draw_without_replacement(q_out, width, context.generator)  # in draw order
             if head.d2t is not None:
                 candidates = head.d2t[candidates]
             q_first = to_target_vocab(q_out, head.d2t, V)  # [B, V]

@@ -68,6 +68,12 @@ def to_target_vocab(probs: torch.Tensor, d2t: torch.Tensor | None, vocab_size: i
     return probs.new_zeros(*probs.shape[:-1], vocab_size).index_copy_(-1, d2t, probs)
 
 
+def uses_draft_sampler(logits: torch.Tensor, params: SamplingParams) -> bool:
+    """Whether a draft token is drawn in one kernel call (`kernels.draft_sampler.sample`): a temperature above 0,
+    no top-k or top-p, and logits the kernel takes (fp32 on the CPU, the library built)."""
+    return not params.greedy and not params.top_k and params.top_p >= 1.0 and draft_sampler.takes(logits)
+
+
 def sample_draft_token(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int, params: SamplingParams,
                        generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One drafted token per row from a draft's logits [B, V_out] -> (token [B], q [B, V]).
@@ -75,7 +81,7 @@ def sample_draft_token(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_siz
     q is the draft's distribution under the call's sampling params, over the target's
     vocabulary; at temperature 0 it is one-hot on the argmax and the token is that argmax.
     """
-    if draft_sampler.applies(logits, params):  # untruncated, at a temperature: one kernel call
+    if uses_draft_sampler(logits, params):  # untruncated, at a temperature: one kernel call
         token, q = draft_sampler.sample(logits, params.temperature, generator)
     else:
         q, _ = sampling_distribution(logits, params)

