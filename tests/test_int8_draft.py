@@ -23,7 +23,8 @@ from specrl.models.llama import LlamaModel, int8_kernels
 from specrl.sampling import SamplingParams
 from specrl.speculation.int8_draft import Int8DraftProposer
 
-WEIGHT_ONLY = pytest.mark.parametrize("kernel", [k for k in int8_kernels() if k != "vnni"] + ["eager"])
+INTEGER = ("vnni", "avx2-int8")  # the kernels that round the activations to int8 too
+WEIGHT_ONLY = pytest.mark.parametrize("kernel", [k for k in int8_kernels() if k not in INTEGER] + ["eager"])
 
 
 def rounded_state(target_dir) -> dict[str, torch.Tensor]:
@@ -64,10 +65,10 @@ class RoundedInputs:
         return self.projection(small_gemm.quantize_activations(x))
 
 
-@pytest.mark.skipif("vnni" not in int8_kernels(), reason="this CPU lacks AVX-512 VNNI")
-def test_the_vnni_copy_computes_the_network_with_rounded_weights_and_inputs(target_dir):
+@pytest.mark.parametrize("kernel", [k for k in INTEGER if k in int8_kernels()])
+def test_the_integer_copy_computes_the_network_with_rounded_weights_and_inputs(target_dir, kernel):
     model = LlamaModel.from_pretrained(target_dir)
-    draft = model.int8_copy("vnni")
+    draft = model.int8_copy(kernel)
     reference = LlamaModel(model.cfg, rounded_state(target_dir), fast_path=False)
     reference.layers = [{name: RoundedInputs(part) if name in ("qkv", "o", "gate_up", "down") else part
                          for name, part in layer.items()} for layer in reference.layers]
@@ -78,7 +79,7 @@ def test_the_vnni_copy_computes_the_network_with_rounded_weights_and_inputs(targ
     # an input within the last bit of a rounding boundary may round to the neighbouring step on one path: an
     # output moves by about a step (max |x| / 127 of its group) times a weight; a wrong layout or scale moves all
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
-    weight_only, _ = model.int8_copy("avx512").forward(tokens, model.new_cache(2, 8))
+    weight_only, _ = model.int8_copy("avx2").forward(tokens, model.new_cache(2, 8))
     assert not torch.allclose(got, weight_only, atol=1e-4)  # the inputs are rounded
 
 

@@ -138,6 +138,9 @@ def test_an_int8_rows_result_does_not_depend_on_the_other_rows_or_the_threads():
         torch.set_num_threads(threads)
 
 
+INTEGER_KERNELS = ("vnni", "avx2-int8")  # activations rounded to int8 in groups of 16 too
+
+
 @pytest.mark.parametrize("kernel", int8_kernels())
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 33])
 # (20, 40): on VNNI a short last group of two blocks; (1001, 63): two runs of ten groups read side by side, one left
@@ -148,7 +151,7 @@ def test_every_int8_kernel_equals_a_matmul_with_the_dequantized_weights(kernel, 
     w, b = torch.randn(out_features, in_features, generator=generator), torch.randn(out_features, generator=generator)
     projection = Int8Projection(Projection(w, b, fast=True), kernel)
     assert projection.kernel == kernel
-    applied = small_gemm.quantize_activations(x) if kernel == "vnni" else x
+    applied = small_gemm.quantize_activations(x) if kernel in INTEGER_KERNELS else x
     expected = (applied.double() @ projection.dequantized().double().T + b.double()).float()
     torch.testing.assert_close(projection(x), expected, rtol=1e-5, atol=1e-5)
 
@@ -171,7 +174,8 @@ def test_every_int8_kernels_rows_do_not_depend_on_the_other_rows_or_the_threads(
 
 def test_the_default_int8_kernel_is_the_first_this_cpu_runs():
     kernels = int8_kernels()
-    missing = {"vnni": small_gemm.vnni_unavailable(), "avx512": small_gemm.avx512_unavailable(), "avx2": ""}
+    missing = {"vnni": small_gemm.vnni_unavailable(), "avx512": small_gemm.avx512_unavailable(), "avx2-int8": "",
+               "avx2": ""}
     assert kernels == tuple(name for name, why in missing.items() if not why)
     assert Int8Projection(Projection(torch.randn(16, 8), fast=True)).kernel == kernels[0]
     assert Int8Projection(Projection(torch.randn(16, 8))).kernel == "eager"
@@ -184,7 +188,7 @@ def test_fast_and_eager_int8_projections_agree_bias_included(rows, kernel):
     x = torch.randn(2, rows, 16)
     fast, eager = Int8Projection(Projection(w, b, fast=True), kernel), Int8Projection(Projection(w, b))
     assert fast.packed is not None and eager.packed is None and eager.kernel == "eager"
-    applied = small_gemm.quantize_activations(x) if kernel == "vnni" else x
+    applied = small_gemm.quantize_activations(x) if kernel in INTEGER_KERNELS else x
     torch.testing.assert_close(fast(x), eager(applied), rtol=1e-5, atol=1e-5)
 
 
@@ -202,6 +206,23 @@ def test_quantize_activations_rounds_each_group_of_16_to_its_own_step():
     for start in (0, 16, 32):  # a random row: within half a step of itself, the step its group's max |x| / 127
         group = x[1, start:start + 16]
         assert (y[1, start:start + 16] - group).abs().max() <= group.abs().max() / 127 / 2 * (1 + 1e-6)
+
+
+@pytest.mark.skipif(bool(small_gemm.vnni_unavailable()), reason="this CPU lacks AVX-512 VNNI")
+def test_the_avx2_integer_kernel_gives_the_vnni_kernels_bits():
+    generator = torch.Generator().manual_seed(5)
+    w, x = torch.randn(1001, 130, generator=generator), torch.randn(9, 130, generator=generator)
+    vnni, avx2 = (Int8Projection(Projection(w, fast=True), kernel) for kernel in ("vnni", "avx2-int8"))
+    for m in (1, 2, 4, 9):
+        assert torch.equal(vnni(x[:m]), avx2(x[:m]))
+
+
+def test_the_int8_kernel_can_be_pinned_and_a_pin_this_cpu_cannot_run_is_named(monkeypatch):
+    monkeypatch.setenv("SPECRL_INT8_KERNEL", "avx2")
+    assert Int8Projection(Projection(torch.randn(16, 8), fast=True)).kernel == "avx2"
+    monkeypatch.setenv("SPECRL_INT8_KERNEL", "int4")
+    with pytest.raises(ValueError, match="SPECRL_INT8_KERNEL='int4': this CPU runs the int8 kernels"):
+        Int8Projection(Projection(torch.randn(16, 8), fast=True))
 
 
 def test_an_int8_kernel_this_cpu_cannot_run_is_refused_by_name():

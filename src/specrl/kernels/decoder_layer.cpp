@@ -38,9 +38,11 @@ extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, c
                                              int N16, int K, int threads);
 extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16,
                                       int K, int threads);
+extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16,
+                                      int K, int threads);
 
 // A packed projection: small_gemm's [n_blocks][in][block] fp32 (scales null) or int8 with [block * n_blocks] scales,
-// or (vnni = 1) the VNNI kernel's uint8 layout.
+// or the VNNI kernel's uint8 layout (vnni = 1: the VNNI kernel; 2: the AVX2 integer kernel, the same bits).
 struct Weight {
     const void* packed;
     const float* scales;
@@ -67,8 +69,10 @@ static void project(const Weight& w, const float* x, float* y, int M, int K, int
     if (w.scales == nullptr) {
         if (w.block == 16) specrl_small_gemm_avx512(x, (const float*)w.packed, y, M, w.n_blocks, K, threads);
         else specrl_small_gemm(x, (const float*)w.packed, y, M, w.n_blocks, K, threads);
-    } else if (w.vnni) {
+    } else if (w.vnni == 1) {
         specrl_small_gemm_vnni(x, (const uint8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
+    } else if (w.vnni == 2) {
+        specrl_small_gemm_int8_avx2(x, (const uint8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
     } else {
         if (w.block == 16) specrl_small_gemm_int8_avx512(x, (const int8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
         else specrl_small_gemm_int8(x, (const int8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);

@@ -28,11 +28,13 @@ class _Weight(ctypes.Structure):
 
 
 def _weight(projection) -> _Weight:
-    """A packed `Projection` or `Int8Projection` (fp32 weights when it has no `scales`; uint8 ones for VNNI)."""
+    """A packed `Projection` or `Int8Projection` (fp32 weights when it has no `scales`; uint8 ones for the integer
+    kernels: vnni 1 for the VNNI kernel, 2 for the AVX2 one)."""
     packed = projection.packed
     scales = getattr(projection, "scales", None)
+    integer = 0 if packed.dtype != torch.uint8 else 1 if projection.kernel == "vnni" else 2
     return _Weight(packed.data_ptr(), None if scales is None else scales.data_ptr(), packed.shape[0], packed.shape[2],
-                   int(packed.dtype == torch.uint8))
+                   integer)
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:

@@ -347,6 +347,118 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
 }
 #pragma GCC pop_options
 
+// AVX2, int8 weights by int8 activations (the int8 self-draft's default where the CPU lacks AVX-512 VNNI).
+//
+// Why: the AVX2 widening kernel spends two instructions per 8 weights turning int8 into fp32 before its FMAs, and
+// at one thread those, not memory, bound it (SmolLM2's draft pass at M = 1: 0.40-0.42 of the fp32 pass, where its
+// bytes are a quarter). vpmaddubsw multiplies 32 byte pairs and adds neighbours into 16 int16 lanes, vpmaddwd by
+// ones adds those into 8 int32 lanes: 32 products in two instructions.
+//
+// The VNNI kernel's activations (groups of 16 along K, `quantize_groups`) and its weight layout, so the int8
+// copy's one-pass rebuild serves both: q + 128 as uint8, XOR 0x80 back to int8 q in a register. vpmaddubsw's
+// unsigned operand must stay below 128 for its int16 pair sums not to saturate (2 x 127 x 127 = 32258), so it
+// takes |x| and the weights carry x's sign (vpsignb), as ggml's AVX2 kernels do. Each group's int32 sum is
+// exact, the VNNI kernel's sum, and is FMA'd into the accumulator with the group's scale in the same order: the
+// same bits as the VNNI kernel, and batch-invariant for the same reason.
+#pragma GCC push_options
+static_assert(VGROUP == 3, "a_group instantiates a_row for groups of 1 to 3 blocks");
+#pragma GCC target("avx2,fma")
+
+// one row x [K] -> the VNNI kernel's xq [G * 16], xs [G] (`quantize_groups`, with 8 lanes at a time)
+static inline void quantize_groups_avx2(const float* x, int K, int8_t* xq, float* xs) {
+    const int G = (K + 15) / 16;
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int g = 0; g < G; ++g) {
+        float v[16] = {0};
+        const int left = K - g * 16 < 16 ? K - g * 16 : 16;
+        memcpy(v, x + g * 16, left * sizeof(float));
+        const __m256 lo = _mm256_loadu_ps(v), hi = _mm256_loadu_ps(v + 8);
+        __m256 top = _mm256_max_ps(_mm256_and_ps(lo, magnitude), _mm256_and_ps(hi, magnitude));
+        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+        t = _mm_max_ss(t, _mm_shuffle_ps(t, t, 1));
+        const float amax = _mm_cvtss_f32(t);
+        const float s = amax > 0.f ? amax / 127.f : 1.f;
+        const __m256 step = _mm256_set1_ps(s);
+        const __m256i qlo = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(lo, step),
+                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i qhi = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(hi, step),
+                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        // int32 -> int8 with saturation, in order: packs work within 128-bit lanes, so permute back
+        const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(qlo, qhi), 0xD8);  // 16 x int16 in order
+        const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+        _mm_storeu_si128((__m128i*)(xq + g * 16), bytes);
+        xs[g] = s;
+    }
+}
+
+static const int PREFETCH = 2048;  // bytes ahead of the stream
+
+// One row (quantized) by a group of NB blocks of 16 outputs, read in order: per 4 k the group's NB x 64 bytes side
+// by side. Per 16 k, 2 NB int32 sums of 8 outputs, then FMA'd with the group's scale into the accumulators.
+template <int NB>
+static inline void a_row(const int8_t* xq, const float* xs, int G, const uint8_t* wp, const float* scale, float* y) {
+    __m256 acc[2 * NB];
+    _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) acc[b] = _mm256_setzero_ps();
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const uint8_t* at = wp;
+    for (int g = 0; g < G; ++g) {
+        __m256i sum[2 * NB];
+        _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) sum[b] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4, at += NB * 64) {
+            int32_t four;
+            memcpy(&four, xq + g * 16 + k4 * 4, 4);
+            const __m256i xb = _mm256_set1_epi32(four), xa = _mm256_abs_epi8(xb);
+            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) _mm_prefetch((const char*)(at + PREFETCH + b * 64), _MM_HINT_T0);
+            _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) {
+                const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(at + b * 32)), flip);
+                const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xb));
+                sum[b] = _mm256_add_epi32(sum[b], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        const __m256 s = _mm256_set1_ps(xs[g]);
+        _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
+            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[b]), s, acc[b]);
+    }
+    _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
+        _mm256_storeu_ps(y + b * 8, _mm256_mul_ps(acc[b], _mm256_loadu_ps(scale + b * 8)));
+}
+
+// All M rows (quantized) by one group of nb blocks (VGROUP, or fewer in a short last group), a row at a time: the
+// first row reads the group from memory, the others find it in L2.
+static inline void a_group(const int8_t* xq, const float* xs, int M, int G, const uint8_t* group, int nb,
+                           const float* scale, float* y, int64_t ldy) {
+    for (int m = 0; m < M; ++m) {
+        const int8_t* q = xq + (int64_t)m * G * 16;
+        const float* s = xs + (int64_t)m * G;
+        float* out = y + (int64_t)m * ldy;
+        if (nb == 3) a_row<3>(q, s, G, group, scale, out);
+        else if (nb == 2) a_row<2>(q, s, G, group, scale, out);
+        else a_row<1>(q, s, G, group, scale, out);
+    }
+}
+
+// specrl_small_gemm_vnni's contract (its layout and activation rounding, the same bits) on AVX2: x [M, K] fp32, wp
+// the VNNI layout, scale [16 * N16] -> y [M, 16 * N16]. Each thread takes a contiguous range of groups.
+extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
+                                           int N16, int K, int threads) {
+    const int G = (K + 15) / 16;
+    std::vector<int8_t> xq((size_t)M * G * 16);
+    std::vector<float> xs((size_t)M * G);
+    for (int m = 0; m < M; ++m)
+        quantize_groups_avx2(x + (int64_t)m * K, K, xq.data() + (int64_t)m * G * 16, xs.data() + (int64_t)m * G);
+    const int64_t ldy = (int64_t)N16 * 16, gbytes = (int64_t)VGROUP * G * 256;
+    const int groups = (N16 + VGROUP - 1) / VGROUP;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int g = 0; g < groups; ++g) {
+        const int nb = N16 - g * VGROUP < VGROUP ? N16 - g * VGROUP : VGROUP;
+        a_group(xq.data(), xs.data(), M, G, wp + g * gbytes, nb, scale + g * VGROUP * 16,
+                y + (int64_t)g * VGROUP * 16, ldy);
+    }
+    return 0;
+}
+#pragma GCC pop_options
+
 // The int8 self-draft's rebuild at every weight sync, in one pass over the weights: w [N, K] fp32 -> q [N, K]
 // int8, symmetric per output row (scale = max |w| / 127, 1 for a zero row; q = w / scale rounded half to even,
 // clamped to +-127: small_gemm.quantize_int8's operations, so its bits); q + 128 in the VNNI kernel's layout

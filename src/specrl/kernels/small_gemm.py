@@ -20,13 +20,15 @@ to fp32 in registers; the fp32 FMA chain, so batch-invariant too):
     packed, scales = pack_int8(q, scale, block=16) -> int8 [ceil(N/16), K, 16], fp32 [16 * ceil(N/16)]
     y = matmul(x, packed, N, scales=scales)        (the block size picks the kernel)
 
-int8 activations too (AVX-512 VNNI, where `vnni_unavailable()` is ""): each row of x quantized in groups of
-16 along K (one fp32 scale per group, `quantize_activations`), multiplied by int8 weights 64 pairs per
-instruction; no widening, so it streams faster:
+int8 activations too (AVX-512 VNNI, where `vnni_unavailable()` is "", 64 pairs per instruction; or AVX2, 32
+pairs per two instructions): each row of x quantized in groups of 16 along K (one fp32 scale per group,
+`quantize_activations`), multiplied by int8 weights in integers; no widening, so it streams faster. The two
+kernels compute the same bits:
 
     packed, scales = pack_vnni(q, scale)           -> uint8 [ceil(N/16), K16, 16] (K16 = K rounded up to 16;
                                                       q + 128, grouped as the .cpp says), fp32 [16 * ceil(N/16)]
-    y = matmul(x, packed, N, scales=scales)        ~ quantize_activations(x) (q * scale)^T (the uint8 picks it)
+    y = matmul(x, packed, N, scales=scales)        ~ quantize_activations(x) (q * scale)^T (the uint8 picks it;
+                                                      vnni=False: the AVX2 kernel)
 
 (One activation scale per row instead of per group of 16 cost the draft's acceptance 0.889 against 0.961 on
 SmolLM2, and lost in the engine (docs/drafters.md). int16 activations by VNNI's vpdpwssd, weights widened to
@@ -110,7 +112,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     for fp32 in (lib.specrl_small_gemm, lib.specrl_small_gemm_avx512):
         fp32.argtypes = [p, p, p, i, i, i, i]
         fp32.restype = i
-    for int8 in (lib.specrl_small_gemm_int8, lib.specrl_small_gemm_int8_avx512, lib.specrl_small_gemm_vnni):
+    for int8 in (lib.specrl_small_gemm_int8, lib.specrl_small_gemm_int8_avx512, lib.specrl_small_gemm_vnni,
+                 lib.specrl_small_gemm_int8_avx2):
         int8.argtypes = [p, p, p, p, i, i, i, i]
         int8.restype = i
     lib.specrl_decoder_layer.argtypes = [p, p, p, p, p]
@@ -231,10 +234,12 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return rounded.reshape(*x.shape[:-1], K16)[..., :K]
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: torch.Tensor | None = None) -> torch.Tensor:
+def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: torch.Tensor | None = None,
+           vnni: bool = True) -> torch.Tensor:
     """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32); given the `scales` of
     `pack_int8`, `packed` holds int8 weights in blocks of 8 (the AVX2 kernel) or 16 (AVX-512) and W = q * scale;
-    given those of `pack_vnni` (uint8), x is rounded by `quantize_activations` too."""
+    given those of `pack_vnni` (uint8), x is rounded by `quantize_activations` too, and multiplied by the VNNI
+    kernel, or with `vnni=False` by the AVX2 one (the same bits)."""
     lib = _library()[0]
     K = x.shape[-1]
     N_blocks, block = packed.shape[0], packed.shape[2]
@@ -246,7 +251,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: tor
         kernel = lib.specrl_small_gemm_avx512 if block == 16 else lib.specrl_small_gemm
         kernel(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), *args)
     elif packed.dtype == torch.uint8:
-        lib.specrl_small_gemm_vnni(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)
+        kernel = lib.specrl_small_gemm_vnni if vnni else lib.specrl_small_gemm_int8_avx2
+        kernel(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)
     else:
         kernel = lib.specrl_small_gemm_int8_avx512 if block == 16 else lib.specrl_small_gemm_int8
         kernel(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -66,23 +67,40 @@ class Projection:
         return y + self.bias if self.bias is not None else y
 
 
+INT8_KERNEL_ENV = "SPECRL_INT8_KERNEL"  # pins the int8 self-draft's kernel (one of `int8_kernels()`, or eager)
+
+
 def int8_kernels() -> tuple[str, ...]:
-    """The int8 kernels this CPU runs, the default first (the one `Int8Projection` uses unless told):
-    `vnni` (int8 activations in groups of 16 by int8 weights) where the CPU has AVX-512 VNNI, `avx512`
-    (int8 weights widened to fp32 16 at a time, fp32 activations) where it has AVX-512, and `avx2`
-    (8 at a time) wherever the fast path runs."""
+    """The int8 kernels this CPU runs, the default first (the one `Int8Projection` uses unless told, or pinned by
+    $SPECRL_INT8_KERNEL): `vnni` (int8 activations in groups of 16 by int8 weights, AVX-512 VNNI) where the CPU
+    has it, `avx512` (int8 weights widened to fp32 16 at a time, fp32 activations) where it has AVX-512,
+    `avx2-int8` (`vnni`'s integers and bits on AVX2) and `avx2` (weights widened 8 at a time) wherever the fast
+    path runs."""
     if small_gemm.unavailable():
         return ()
     return tuple(name for name, why in (("vnni", small_gemm.vnni_unavailable()),
-                                        ("avx512", small_gemm.avx512_unavailable()), ("avx2", "")) if not why)
+                                        ("avx512", small_gemm.avx512_unavailable()), ("avx2-int8", ""),
+                                        ("avx2", "")) if not why)
+
+
+def default_int8_kernel(available: tuple[str, ...]) -> str:
+    """$SPECRL_INT8_KERNEL where set (refused, naming the variable, when this CPU cannot run it), else the first
+    of `available` (eager where none is)."""
+    pinned = os.environ.get(INT8_KERNEL_ENV)
+    if pinned:
+        if pinned not in available + ("eager",):
+            raise ValueError(f"{INT8_KERNEL_ENV}={pinned!r}: this CPU runs the int8 kernels "
+                             f"{', '.join(available + ('eager',))}")
+        return pinned
+    return available[0] if available else "eager"
 
 
 class Int8Projection:
     """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
     `small_gemm.quantize_int8`), for the int8 self-draft.
 
-    kernel  None: the first of `int8_kernels()`; `vnni`: each row of x rounded to int8 in groups of 16 along K
-            too (`small_gemm.quantize_activations`) and multiplied in integers; `avx512` / `avx2`: activations
+    kernel  None: `default_int8_kernel`; `vnni` / `avx2-int8`: each row of x rounded to int8 in groups of 16
+            along K too (`small_gemm.quantize_activations`) and multiplied in integers; `avx512` / `avx2`: activations
             stay fp32 and each int8 weight is widened in registers. Each streams a quarter of fp32's bytes at
             every M (there is no int8 MKL path to hand large M to). `eager`, and wherever the fast path is
             off: the rounded weights applied dequantized to fp32 activations, the `avx512` / `avx2` draft.
@@ -90,13 +108,13 @@ class Int8Projection:
 
     def __init__(self, projection: Projection, kernel: str | None = None):
         available = int8_kernels() if projection.packed is not None else ()
-        kernel = kernel or (available[0] if available else "eager")
+        kernel = kernel or default_int8_kernel(available)
         if kernel not in available + ("eager",):
             raise ValueError(f"int8 kernel {kernel!r} cannot run here; this CPU runs {', '.join(available) or 'none'}")
         self.kernel, self.bias = kernel, projection.bias
         self.packed = self.scales = self.weight_t = None
         # q [out, in] int8, scale [out] fp32, and the weights as the kernel reads them
-        if kernel == "vnni":  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)] fp32: one pass
+        if kernel in ("vnni", "avx2-int8"):  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)]
             self.q, self.scale, self.packed, self.scales = small_gemm.quantize_pack_vnni(projection.weight)
         else:
             self.q, self.scale = small_gemm.quantize_int8(projection.weight)
@@ -111,7 +129,7 @@ class Int8Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales)
+            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales, vnni=self.kernel == "vnni")
         else:
             y = x @ self.weight_t
         return y + self.bias if self.bias is not None else y
