@@ -32,6 +32,9 @@ def test_ignore_eos_times_the_same_token_count_in_both_variants():
     assert summary["mean_response_tokens"] == summary["mean_response_tokens_spec"] == 16
     assert len(summary["speedup_per_round"]) == 2 and summary["greedy_match"]
     assert summary["calls_per_round"] == 4 and summary["rows_timed"] == 2 * 8
+    # the kernels it ran and the CPU flags that chose them (no int8 self-draft here)
+    assert summary["fp32_kernel"] in ("avx512", "avx2", "eager") and summary["int8_kernel"] is None
+    assert "avx2" in summary["cpu_flags"] or summary["fp32_kernel"] == "eager"
 
 
 def test_the_one_sample_exactness_z_is_centred_for_the_target_and_fails_for_a_flatter_sampler():

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from specrl.models.checkpoint import load_config
-from specrl.models.llama import Int8Projection, Projection, fast_path_available, int8_kernels
+from specrl.models.llama import Int8Projection, Projection, fast_path_available, int8_kernels, kernels_report
 from specrl.models.registry import resolve_checkpoint
 from specrl.validation import check_fields, within
 
@@ -76,6 +76,7 @@ def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
         if progress is not None:
             progress(i + 1, len(config.rows))
     one = rows[0]["fast_ms"] if config.rows[0] == 1 else None
-    return {"model": config.model, "threads": torch.get_num_threads(), "weights_mb": megabytes, "rounds": config.rounds,
+    return {"model": config.model, "threads": torch.get_num_threads(), **kernels_report(), "weights_mb": megabytes,
+            "rounds": config.rounds,
             "int8_kernels": [name for name in variants if name.startswith("int8")],
             "rows": rows, "fast_cost_vs_one_row": {str(r["rows"]): r["fast_ms"] / one for r in rows} if one else None}

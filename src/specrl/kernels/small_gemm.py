@@ -127,6 +127,19 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni")  # the flags that choose the kernels
+
+
+def cpu_flags() -> list[str]:
+    """Which of CPU_FLAGS this CPU has, as /proc/cpuinfo lists them ([] where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            listed = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in CPU_FLAGS if flag in listed]
+
+
 def unavailable() -> str:
     """Why the kernel cannot run here ("" when it can)."""
     return _library()[1]

@@ -95,6 +95,14 @@ def default_int8_kernel(available: tuple[str, ...]) -> str:
     return available[0] if available else "eager"
 
 
+def kernels_report() -> dict:
+    """The kernels a model built here runs, for benchmark records: the fp32 projections' (`avx512`, `avx2` or
+    `eager`), the int8 self-draft's default (`default_int8_kernel`), and the CPU flags that chose them."""
+    available = int8_kernels()
+    fp32 = "eager" if small_gemm.unavailable() else "avx512" if small_gemm.fp32_block() == 16 else "avx2"
+    return {"fp32_kernel": fp32, "int8_kernel": default_int8_kernel(available), "cpu_flags": small_gemm.cpu_flags()}
+
+
 class Int8Projection:
     """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
     `small_gemm.quantize_int8`), for the int8 self-draft.
