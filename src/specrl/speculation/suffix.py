@@ -11,7 +11,10 @@ model call, and goes through the same exact verifier as every other draft.
 Optionally (`SuffixConfig.remember`), the store also holds the same prompt's rollouts from
 earlier generate() calls (RhymeRL's observation: a prompt's rollouts in one epoch resemble
 the next epoch's): at each call's start the previous call's groups are filed under their
-prompt's tokens, and a group whose prompt was seen before starts with those sequences.
+prompt's tokens, index and all, and a group whose prompt was seen before continues that index
+(re-indexing a prompt's earlier sequences at every call cost more than the call's own steps on
+`tiny`: the drafts' time grew call by call). A filed group keeps its newest `per_prompt` sequences,
+trimmed (re-indexed) once it holds twice that many.
 
 The store is an n-gram index per group, `{(n-gram): [(sequence, end), ...]}`, updated
 incrementally with the tokens each step emits, so a lookup costs O(max_n) dict probes.
@@ -36,7 +39,8 @@ class SuffixConfig:
     max_n: int = 6  # longest tail to match
     min_n: int = 2  # shortest tail to match (1 matches too eagerly)
     remember: int = within(256, "[0, inf)")  # distinct prompts whose rollouts are kept across calls (least recently seen go); 0 = none
-    per_prompt: int = within(16, "[1, inf)")  # earlier sequences kept per remembered prompt
+    per_prompt: int = within(16, "[1, inf)")  # earlier sequences kept per remembered prompt (up to twice as many
+    # between trims)
 
     def __post_init__(self):
         check_fields(self)
@@ -51,6 +55,13 @@ class GroupIndex:
         self.min_n, self.max_n = min_n, max_n
         self.sequences: list[list[int]] = []
         self.index: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+
+    @classmethod
+    def of(cls, sequences: list[list[int]], min_n: int, max_n: int) -> GroupIndex:
+        index = cls(min_n, max_n)
+        for tokens in sequences:
+            index.new_sequence(tokens)
+        return index
 
     def new_sequence(self, tokens: list[int]) -> int:
         self.sequences.append([])
@@ -92,29 +103,34 @@ class SuffixProposer(NoTrainedWeights):
 
     def __init__(self, config: SuffixConfig = SuffixConfig()):
         self.config = config
-        self.memory: OrderedDict[tuple, list[list[int]]] = OrderedDict()  # prompt tokens -> earlier sequences
+        self.memory: OrderedDict[tuple, GroupIndex] = OrderedDict()  # prompt tokens -> its earlier sequences, indexed
         self.groups: dict[int, GroupIndex] = {}
         self.prompt_keys: list[tuple] = []
 
     def _filed(self) -> OrderedDict:
-        """The memory with the last call's sequences filed under their prompts (a group's store begins
-        with the earlier sequences it was seeded with, so the newest `per_prompt` of it are kept)."""
+        """The memory with the last call's groups filed under their prompts (a group continues the index it was
+        seeded with: the earlier sequences, then this call's), each trimmed to its newest `per_prompt` sequences
+        once it holds twice that many."""
         memory = OrderedDict(self.memory)
+        keep = self.config.per_prompt
         for group, index in self.groups.items():
             key = self.prompt_keys[group]
             memory.pop(key, None)  # re-inserted last: the most recently seen prompt
-            memory[key] = index.sequences[-self.config.per_prompt:]
+            memory[key] = index if len(index.sequences) < 2 * keep else \
+                GroupIndex.of(index.sequences[-keep:], self.config.min_n, self.config.max_n)
         while len(memory) > self.config.remember:
             memory.popitem(last=False)
         return memory
 
     def state_dict(self) -> dict:
-        """The remembered rollouts, this call's included: {"memory": [[prompt ids, [sequence, ...]], ...]},
-        oldest prompt first."""
-        return {"memory": [[list(key), sequences] for key, sequences in self._filed().items()]}
+        """The remembered rollouts, this call's included: {"memory": [[prompt ids, [sequence, ...]], ...]}, oldest
+        prompt first, the newest `per_prompt` sequences of each."""
+        keep = self.config.per_prompt
+        return {"memory": [[list(key), index.sequences[-keep:]] for key, index in self._filed().items()]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.memory = OrderedDict((tuple(key), sequences) for key, sequences in state.get("memory", []))
+        self.memory = OrderedDict((tuple(key), GroupIndex.of(sequences, self.config.min_n, self.config.max_n))
+                                  for key, sequences in state.get("memory", []))
         self.groups, self.prompt_keys = {}, []
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
@@ -146,10 +162,9 @@ class SuffixProposer(NoTrainedWeights):
         lengths = context.num_tokens.tolist()
         if not self.row_seq:
             for row, group in enumerate(context.groups.tolist()):
-                if group not in self.groups:
-                    self.groups[group] = GroupIndex(self.config.min_n, self.config.max_n)
-                    for earlier in self.memory.get(self.prompt_keys[group], []):
-                        self.groups[group].new_sequence(earlier)
+                if group not in self.groups:  # the prompt's remembered index, continued, or a new one
+                    self.groups[group] = self.memory.get(self.prompt_keys[group]) or \
+                        GroupIndex(self.config.min_n, self.config.max_n)
                 index = self.groups[group]
                 self.row_seq.append((group, index.new_sequence(histories[row][:lengths[row]])))
                 self.indexed.append(lengths[row])
