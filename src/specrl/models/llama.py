@@ -12,13 +12,8 @@ that streams it fastest for the M at hand:
                          M <= 128, the weight packed once per load; F.linear (MKL) above
     eager                MKL only: F.linear for M = 2..3, x @ W_t for every other M
 
-SmolLM2-135M's projections and LM head, median ms per pass, this project's CPU (the table and
-its command, `specrl bench kernel`, are in docs/fast_path.md):
-
-    rows M                   1      2      4      8     32
-    MKL, 1 thread           30     71     70     80    171
-    kernel, 1 thread        21     19     20     26    118
-    kernel, 2 threads       17     17     17     19     44
+What each path costs per row count, on each CPU class, is measured by `specrl bench kernel` (its tables
+are in docs/fast_path.md).
 
 The kernel also computes each row independently of the others, in one fixed order, so a
 row's logits are the same bit for bit whether it is decoded alone or verified with drafts.

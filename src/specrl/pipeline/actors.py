@@ -68,7 +68,7 @@ class RolloutResult:
     # actor-side stages: weight_load (in flight too, with the cache recomputes it causes), generation, reward
     seconds: dict[str, float] = field(default_factory=dict)
     weight_updates: int = 0  # versions adopted in flight, during this request
-    trace: list = field(default_factory=list)  # the batch's drain (`GenerationResult.trace`)
+    trace: list = field(default_factory=list)  # the batch's drain (`GenerateResult.trace`)
 
 
 class RolloutWorker:
