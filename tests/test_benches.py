@@ -90,3 +90,11 @@ def test_the_trainer_step_bench_times_each_precision_and_ends_with_its_json_line
     assert [r["precision"] for r in summary["rows"]] == ["fp32", "bf16"]
     assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in summary["rows"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
+
+
+def test_the_rollout_bench_names_the_int8_kernel_the_self_draft_ran():
+    from specrl.models.llama import int8_kernels
+
+    summary = run_rollout_bench(RolloutBenchConfig(model="tiny", proposer="int8", batch=2, max_tokens=8, rounds=1,
+                                                   hf=False, ignore_eos=True))
+    assert summary["int8_kernel"] == (int8_kernels() or ("eager",))[0]

@@ -42,7 +42,7 @@ from scipy.stats import ks_2samp
 
 from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_causal_lm, load_config, load_tokenizer
-from specrl.models.llama import kernels_report
+from specrl.models.llama import Int8Projection, kernels_report
 from specrl.models.registry import resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import PROPOSER_NAMES, default_speculative_tokens
@@ -187,13 +187,14 @@ def bench_inputs(model: str, count: int, seed: int, max_tokens: int | None, k: i
     return prompts, max_tokens
 
 
-def ran_kernels(config: RolloutBenchConfig) -> dict:
-    """`kernels_report`, with None for the kernels this run did not use (the embedded engine's on vLLM; the
-    int8 kernel without the int8 self-draft)."""
+def ran_kernels(spec) -> dict:
+    """`kernels_report` for the speculative backend: None for the kernels it did not run (the embedded engine's on
+    vLLM; an int8 kernel where its draft holds no int8 weights), else the int8 kernel its draft ran."""
     report = kernels_report()
-    embedded = config.backend == "embedded"
-    return {**report, "fp32_kernel": report["fp32_kernel"] if embedded else None,
-            "int8_kernel": report["int8_kernel"] if embedded and config.proposer == "int8" else None}
+    engine = getattr(spec, "engine", None)
+    head = getattr(getattr(getattr(engine, "proposer", None), "model", None), "lm_head", None)
+    return {**report, "fp32_kernel": report["fp32_kernel"] if engine is not None else None,
+            "int8_kernel": head.kernel if isinstance(head, Int8Projection) else None}
 
 
 def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
@@ -266,7 +267,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
         "rounds": config.rounds, "calls_per_round": calls,
         "rows_timed": sum(len(r.completions) for r in runs["spec"]), "threads": torch.get_num_threads(),
-        **ran_kernels(config),
+        **ran_kernels(spec),
         "tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,
         "speedup_per_round": [s / b for b, s in zip(rates["base"], rates["spec"])],
         "tokens_per_s_hf": hf_rate, "base_vs_hf": base_rate / hf_rate if hf_rate else None,

@@ -38,8 +38,8 @@ extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, c
                                              int N16, int K, int threads);
 extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16,
                                       int K, int threads);
-extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16,
-                                      int K, int threads);
+extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
+                                           int N16, int K, int threads);
 
 // A packed projection: small_gemm's [n_blocks][in][block] fp32 (scales null) or int8 with [block * n_blocks] scales,
 // or the VNNI kernel's uint8 layout (vnni = 1: the VNNI kernel; 2: the AVX2 integer kernel, the same bits).

@@ -409,7 +409,8 @@ static inline void a_row(const int8_t* xq, const float* xs, int G, const uint8_t
             int32_t four;
             memcpy(&four, xq + g * 16 + k4 * 4, 4);
             const __m256i xb = _mm256_set1_epi32(four), xa = _mm256_abs_epi8(xb);
-            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) _mm_prefetch((const char*)(at + PREFETCH + b * 64), _MM_HINT_T0);
+            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)
+                _mm_prefetch((const char*)(at + PREFETCH + b * 64), _MM_HINT_T0);
             _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) {
                 const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(at + b * 32)), flip);
                 const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xb));
