@@ -121,8 +121,8 @@ def draw_without_replacement(probs: torch.Tensor, count: int, generator: torch.G
     rest = probs.clone(memory_format=torch.contiguous_format)  # what is left to draw from
     drawn = torch.empty(probs.shape[0], count, dtype=torch.long, device=probs.device)
     for j in range(count):
-        live = rest.sum(-1) > 0  # [B]: mass left (a sum of non-negative entries is 0 only if all are)
-        if j == 0 or bool(live.all()):  # (a row without mass at the first draw is refused by `draw`)
+        live = rest.sum(-1) > 0 if j else None  # [B]: mass left (a sum of non-negative entries is 0 only if all are)
+        if live is None or bool(live.all()):  # (a row without mass at the first draw is refused by `draw`)
             drawn[:, j] = draw(rest, generator)
         else:  # rows whose mass is used up: the lowest id not yet drawn (argmax: the first maximum)
             drawn[:, j] = torch.ones_like(rest).scatter_(-1, drawn[:, :j], 0.0).argmax(-1)

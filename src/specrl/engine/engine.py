@@ -213,12 +213,13 @@ class RolloutEngine:
         start, version, weights = time.perf_counter(), self.version, self.model.layers
         with torch.inference_mode(False):
             hook()
-        if self.model.layers is not weights and self.version == version:  # loaded past `load_weights`
+        loaded = self.model.layers is not weights
+        if loaded and self.version == version:  # loaded past `load_weights`
             raise ValueError(
                 f"the between-steps hook loaded new weights into the model mid-call but kept version {version}: the "
                 "tokens sampled from them would carry the version of the ones before; load them with "
                 "engine.load_weights(state, version) and a new version")
-        if self.model.layers is not weights:
+        if loaded:
             # every row's tokens but its last (which the next step feeds), from position 0; rows shorter
             # than the longest write junk past their end that is masked out and later overwritten
             tokens = batch.tokens.clamp_min(0)  # the junk past a row's end may be PAD (-1)

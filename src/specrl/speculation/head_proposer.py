@@ -31,9 +31,9 @@ Drafts are sampled from q = the head's distribution under the call's sampling pa
 
     propose_tree(context, k, width)
         element 1's distribution q_1 gives `width` candidate first tokens, drawn without replacement
-        (`sampling.draw_without_replacement`: one inverse-CDF draw after another from what is left of q_1;
-        at temperature 0 the top-w of the head's logits, deterministic); each candidate's branch is then drafted like
-        a chain on a copy of the head's cache repeated `width` times, discarded afterwards.
+        (`sampling.draw_without_replacement`: one inverse-CDF draw after another from what is left of
+        q_1; at temperature 0 the top-w of the head's logits, deterministic); each candidate's branch is
+        then drafted like a chain on a copy of the head's cache repeated `width` times, discarded afterwards.
 """
 from __future__ import annotations
 

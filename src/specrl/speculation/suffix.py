@@ -12,9 +12,8 @@ Optionally (`SuffixConfig.remember`), the store also holds the same prompt's rol
 earlier generate() calls (RhymeRL's observation: a prompt's rollouts in one epoch resemble
 the next epoch's): at each call's start the previous call's groups are filed under their
 prompt's tokens, index and all, and a group whose prompt was seen before continues that index
-(re-indexing a prompt's earlier sequences at every call cost more than the call's own steps on
-`tiny`: the drafts' time grew call by call). A filed group keeps its newest `per_prompt` sequences,
-trimmed (re-indexed) once it holds twice that many.
+(nothing is re-indexed per call). A filed group keeps its newest `per_prompt` sequences, trimmed
+(re-indexed) once it holds twice that many.
 
 The store is an n-gram index per group, `{(n-gram): [(sequence, end), ...]}`, updated
 incrementally with the tokens each step emits, so a lookup costs O(max_n) dict probes.

@@ -34,9 +34,9 @@ accepted with probability 0 (`acceptance_probs` at s_j(c_j) = 0), and r_{j+1} = 
 = r_j, so stage j outputs r_{j+1} = r_j: the induction holds, and padding only costs width.
 (Accepting it when r_j(c_j) > 0, the limit of the ratio, would emit c_j with probability 1 in
 place of r_j: every sample would be the padded token.) While s_j has mass, the candidate has
-s_j(c_j) > 0, because `draw_without_replacement` draws every token of positive mass before any other. The tokens after c_j are exact by the
-chain theorem, the branch's drafts having been drawn given c_j. At temperature 0 (p one-hot) the
-output is plain greedy decoding.
+s_j(c_j) > 0, because `draw_without_replacement` draws every token of positive mass before any
+other. The tokens after c_j are exact by the chain theorem, the branch's drafts having been drawn
+given c_j. At temperature 0 (p one-hot) the output is plain greedy decoding.
 """
 from __future__ import annotations
 
