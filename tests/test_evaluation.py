@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specrl.pipeline.evaluation import check_held_out, held_out_indices, pass_at_k, summarise
+from specrl.pipeline.evaluation import pass_at_k, summarise
 from specrl.tasks import TaskConfig, make_task
 
 
@@ -31,10 +31,10 @@ def test_summary_reports_the_mean_over_problems_with_a_normal_interval():
 
 def test_the_held_out_set_is_the_tasks_tail_and_a_run_that_reaches_it_is_refused():
     task = make_task(TaskConfig(name="arithmetic", size=1000))
-    assert held_out_indices(task, 3) == [999, 998, 997]
-    check_held_out(task, 100, trained_positions=900)
+    assert task.held_out(3) == [task[999], task[998], task[997]]
+    task.check_held_out(100, trained_positions=900)
     with pytest.raises(ValueError, match="overlaps the 901 problems this run trains on"):
-        check_held_out(task, 100, trained_positions=901)
+        task.check_held_out(100, trained_positions=901)
 
 
 def test_specrl_eval_prints_pass_at_k_for_a_model_and_for_a_run(tmp_path):

@@ -37,7 +37,8 @@ def register(subparsers) -> None:
 
 
 def _target(target: str, task_name: str | None) -> tuple[str, TaskConfig, int, str]:
-    """(policy checkpoint or model name, task config, default max tokens, what was evaluated)."""
+    """(policy checkpoint or model name, task config, default max tokens, what was evaluated). A run's task
+    config is the run's own, so its prompts are rendered exactly as training rendered them."""
     run_dir = Path(target)
     if (run_dir / "config.json").is_file() and (run_dir / "checkpoints").is_dir():
         config = load_config(file=str(run_dir / "config.json"))

@@ -12,8 +12,11 @@ remaining groups (by version, then data position), so groups are used before the
 expire. A group index is accepted once: a second arrival (a re-issued request whose
 first answer also came back) is ignored and counted as a duplicate.
 
-The ledger: every group that ever entered is in exactly one of `consumed`, `dropped`
-or the buffer itself. `state_dict` / `load_state_dict` carry the buffer and the ledger
+With `drop_uniform` (DAPO's dynamic sampling, `grpo.dynamic_sampling`), a group whose rewards
+are all equal carries no advantage and is set aside on arrival (`filtered`), never trained on.
+
+The ledger: every group that ever entered is in exactly one of `consumed`, `dropped`,
+`filtered` or the buffer itself. `state_dict` / `load_state_dict` carry the buffer and the ledger
 across a checkpoint (JSON-ready).
 """
 from __future__ import annotations
@@ -38,14 +41,15 @@ class Consumed:
 
 
 class StalenessBuffer:
-    def __init__(self, max_staleness: int):
+    def __init__(self, max_staleness: int, drop_uniform: bool = False):
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-        self.max_staleness = max_staleness
+        self.max_staleness, self.drop_uniform = max_staleness, drop_uniform
         self.groups: list[Group] = []
         self.seen: set[int] = set()
         self.consumed: list[Consumed] = []
         self.dropped: list[int] = []  # data positions dropped for staleness
+        self.filtered: list[int] = []  # data positions set aside for rewards all equal (drop_uniform)
         self.duplicates = 0
 
     def __len__(self) -> int:
@@ -57,7 +61,10 @@ class StalenessBuffer:
                 self.duplicates += 1
                 continue
             self.seen.add(group.index)
-            self.groups.append(group)
+            if self.drop_uniform and len(set(group.rewards)) == 1:
+                self.filtered.append(group.index)
+            else:
+                self.groups.append(group)
 
     def drop_stale(self, trainer_version: int) -> int:
         """Drop groups more than max_staleness versions behind `trainer_version`; returns how many."""
@@ -84,7 +91,7 @@ class StalenessBuffer:
     def state_dict(self) -> dict:
         return {"groups": [asdict(g) for g in self.groups], "seen": sorted(self.seen),
                 "consumed": [asdict(c) for c in self.consumed], "dropped": list(self.dropped),
-                "duplicates": self.duplicates}
+                "filtered": list(self.filtered), "duplicates": self.duplicates}
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = [Group(**{**g, "completions": [Completion(**c) for c in g["completions"]]})
@@ -92,4 +99,5 @@ class StalenessBuffer:
         self.seen = set(state["seen"])
         self.consumed = [Consumed(**c) for c in state["consumed"]]
         self.dropped = list(state["dropped"])
+        self.filtered = list(state.get("filtered", []))
         self.duplicates = state["duplicates"]

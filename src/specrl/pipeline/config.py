@@ -121,6 +121,12 @@ class TrainConfig:
         if self.pipeline.weight_updates == "step" and self.backend.backend != "embedded":
             raise ValueError(f"pipeline.weight_updates=step needs backend.backend=embedded: the "
                              f"{self.backend.backend} backend takes new weights between calls only")
+        if self.grpo.overlong == "filter" and ranks > 1:
+            raise ValueError("grpo.overlong=filter leaves a varying number of sequences, which does not split over "
+                             f"run.trainer_ranks ({ranks}); use grpo.overlong=penalty or one trainer rank")
+        if self.grpo.overlong == "penalty" and self.grpo.overlong_buffer >= self.rollout.max_tokens:
+            raise ValueError(f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be below rollout.max_tokens "
+                             f"({self.rollout.max_tokens}): the penalty ramps over the last overlong_buffer tokens")
         P, request = self.rollout.prompts_per_step, self.pipeline.prompts_per_request
         if request is not None and (request > P or P % request):
             raise ValueError(f"pipeline.prompts_per_request ({request}) must divide rollout.prompts_per_step ({P})")

@@ -1,10 +1,10 @@
 """Held-out pass@k of a policy on its task, with a confidence interval.
 
-The held-out set is the task's *last* problems, task[len - 1], task[len - 2], ...: training
-draws problems from the front (step s trains on positions (s-1)*P .. s*P-1), so a run that
-has not reached the tail never trained on them (`check_held_out` refuses one that has).
+The held-out set is `task.held_out(eval.prompts)`: a generated task's last problems, or a
+file task's held-out rows (`specrl.tasks.task`). A sample is correct when `task.passes` it
+(its reward reaches task.pass_threshold).
 
-Per problem i with n samples and c_i correct (the task's own verifier):
+Per problem i with n samples and c_i correct:
     pass@k_i = 1 - C(n - c_i, k) / C(n, k)          (the unbiased estimator of Chen et al. 2021)
     pass@k   = mean_i pass@k_i,  95% CI = pass@k +- 1.96 * sd_i(pass@k_i) / sqrt(P)
 The interval treats problems as the sampled unit (samples of one problem are not independent).
@@ -29,27 +29,13 @@ class EvalConfig:
     SECTION: ClassVar[str] = "eval"
 
     every: int = within(0, "[0, inf)")  # evaluate before step 1 and after every N-th step (and the last); 0 = never
-    prompts: int = within(200, "[1, inf)")  # held-out problems (the task's last ones)
+    prompts: int = within(200, "[1, inf)")  # held-out problems (task.held_out: a generated task's last ones)
     n: int = within(1, "[1, inf)")  # samples per problem (pass@k for k = 1, 2, 4, .. <= n)
     temperature: float = within(1.0, "[0, inf)")  # 0 = greedy
     batch: int = within(64, "[1, inf)")  # prompts per generate call
 
     def __post_init__(self):
         check_fields(self)
-
-
-def held_out_indices(task: Task, count: int) -> list[int]:
-    if count > len(task):
-        raise ValueError(f"eval.prompts ({count}) is more than the task's {len(task)} problems (task.size)")
-    return [len(task) - 1 - i for i in range(count)]
-
-
-def check_held_out(task: Task, count: int, trained_positions: int) -> None:
-    """Refuse a held-out set that overlaps the problems a run trained on."""
-    first = len(task) - count
-    if trained_positions > first:
-        raise ValueError(f"the held-out set (the task's last {count} problems, from index {first}) overlaps the "
-                         f"{trained_positions} problems this run trains on; raise task.size or lower eval.prompts")
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -77,18 +63,18 @@ def evaluate(backend, task: Task, tokenizer, config: EvalConfig, max_tokens: int
     """Sample `config.n` responses to each held-out problem with `backend` and score them with the
     task's verifier -> `summarise(...)` plus the tokens and seconds it took. `progress(done, total)`;
     the completions are appended to `completions` when given."""
-    indices = held_out_indices(task, config.prompts)
+    held_out = task.held_out(config.prompts)
     params = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=max_tokens, seed=seed)
     correct, tokens, seconds = [], 0, 0.0
-    for start in range(0, len(indices), config.batch):
-        problems = [task[i] for i in indices[start:start + config.batch]]
+    for start in range(0, len(held_out), config.batch):
+        problems = held_out[start:start + config.batch]
         result = backend.generate([task.render(p, tokenizer) for p in problems], params)
         tokens, seconds = tokens + result.num_tokens, seconds + result.seconds
         if completions is not None:
             completions.extend(result.completions)
         for j, problem in enumerate(problems):
             samples = result.completions[j * config.n:(j + 1) * config.n]
-            correct.append(sum(int(task.reward(c.text, problem) > 0) for c in samples))
+            correct.append(sum(int(task.passes(c.text, problem)) for c in samples))
         if progress is not None:
-            progress(len(correct), len(indices))
+            progress(len(correct), len(held_out))
     return {**summarise(correct, config.n), "tokens": tokens, "generation_seconds": round(seconds, 2)}

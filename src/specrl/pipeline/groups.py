@@ -6,7 +6,7 @@ ready to train on. Either way the same two functions pick the prompts and score 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specrl.generation import Completion
 
@@ -18,8 +18,10 @@ class Group:
     index: int  # data position: the problem is task[index]
     prompt_ids: list[int]
     completions: list[Completion]  # G of them, in sample order
-    rewards: list[float]  # [G], the task verifier's score of each completion
+    rewards: list[float]  # [G], the task's reward of each completion (its named rewards weighted and summed)
     issued_version: int  # the weight version the generate call started from
+    reward_parts: dict[str, list[float]] = field(default_factory=dict)  # each named reward's [G] values
+    reward_errors: list = field(default_factory=list)  # (reward, why) where a reward function raised, per failed sample
 
     @property
     def version(self) -> int:
@@ -39,6 +41,9 @@ def score_groups(task, first: int, problems: list, completions: list[Completion]
         members = completions[i * n:(i + 1) * n]
         if any(c.prompt_index != i for c in members):
             raise ValueError("completions are not prompt-major with n samples per prompt")
+        scores = [task.score(c.text, problem) for c in members]
         groups.append(Group(index=first + i, prompt_ids=members[0].prompt_ids, completions=members,
-                            rewards=[task.reward(c.text, problem) for c in members], issued_version=issued_version))
+                            rewards=[s.reward for s in scores], issued_version=issued_version,
+                            reward_parts={name: [s.parts[name] for s in scores] for name in scores[0].parts},
+                            reward_errors=[s.error for s in scores if s.error is not None]))
     return groups

@@ -15,6 +15,7 @@ import os
 import operator
 import shutil
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -31,6 +32,7 @@ from specrl.pipeline.ray_session import RaySession
 from specrl.pipeline.resume import latest_checkpoint, restore_training_state, save_checkpoint
 from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.rl.advantages import group_advantages
+from specrl.rl.grpo import overlong_penalty
 from specrl.rl.adaptation import draft_trainer
 from specrl.rl.trainer import PolicyTrainer
 from specrl.speculation.acceptance import expected_tokens
@@ -118,6 +120,7 @@ class Learner:
         self.token_staleness_total: Counter[int] = Counter()  # trained tokens by their own staleness
         self.skipped_total: Counter[str] = Counter()  # optimiser steps skipped for a non-finite loss or gradient
         self.history: list[dict] = []
+        self.reported_reward_errors: set[str] = set()  # rewards whose first failure has been printed
 
     @property
     def policy_dir(self) -> str:
@@ -165,13 +168,30 @@ class Learner:
         return policy, draft
 
     def train(self, step: int, groups: list[Group], decoupled: bool = False) -> dict:
-        """One optimiser step on `groups` (timed as `training` / `draft_training`); returns the train stats."""
+        """One optimiser step on `groups` (timed as `training` / `draft_training`); returns the train stats.
+        `grpo.overlong`: `penalty` adds DAPO's soft length penalty to the rewards before the advantages;
+        `filter` leaves the responses cut at rollout.max_tokens out of the loss (and of its token count),
+        after the advantages are computed over whole groups."""
         cfg, timer = self.config, self.timer
         completions = [c for g in groups for c in g.completions]
+        prompts = [g.prompt_ids for g in groups for _ in g.completions]
         rewards = torch.tensor([r for g in groups for r in g.rewards])
+        extra = {}
+        if cfg.grpo.overlong == "penalty":
+            penalties = torch.tensor([overlong_penalty(len(c.token_ids), cfg.rollout.max_tokens, cfg.grpo.overlong_buffer)
+                                      for c in completions])
+            rewards = rewards + penalties
+            extra["overlong_penalty_mean"] = float(penalties.mean())
         advantages = group_advantages(rewards, cfg.grpo.group_size, scale=cfg.grpo.scale_advantages)
+        if cfg.grpo.overlong == "filter":
+            kept = [i for i, c in enumerate(completions) if c.finish_reason != "length"]
+            extra["overlong_filtered"] = len(completions) - len(kept)
+            if not kept:
+                return {**extra, "policy_step_skipped": 0, "no_sequence_left": 1}
+            completions, prompts, advantages = ([completions[i] for i in kept], [prompts[i] for i in kept],
+                                                advantages[kept])
         adapt = self.draft is not None and step % cfg.draft.every == 0
-        num_tokens = sum(g.num_tokens for g in groups)
+        num_tokens = sum(len(c.token_ids) for c in completions)
         draft_seconds = StageTimer()
 
         def on_micro_batch(batch, logits, hidden):
@@ -179,15 +199,14 @@ class Learner:
                 self.draft.accumulate(batch, logits, hidden, num_tokens)
 
         with timer.stage("training"):
-            stats = self.trainer.step([g.prompt_ids for g in groups for _ in g.completions],
-                                      [c.token_ids for c in completions], [c.logprobs for c in completions],
+            stats = self.trainer.step(prompts, [c.token_ids for c in completions], [c.logprobs for c in completions],
                                       advantages, on_micro_batch=on_micro_batch if adapt else None,
                                       decoupled=decoupled, hidden_layers=self.draft.hidden_layers if adapt else ())
         timer.reassign("training", "draft_training", draft_seconds.total.get("draft_training", 0.0))
         if adapt:
             with timer.stage("draft_training"):
                 stats.update(self.draft.step())
-        return stats
+        return {**stats, **extra}
 
     def checkpoint_if_due(self, step: int, pipeline_state: Callable[[], dict]) -> None:
         """Save when due, with the pipeline's `pipeline_state()` (JSON-ready: what it needs to continue).
@@ -231,6 +250,7 @@ class Learner:
             "step": step, "policy_version": min(g.version for g in groups),
             "data_positions": [g.index for g in groups],
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
+            **self._reward_parts(step, groups),
             "response_length_mean": statistics.mean(lengths), "response_length_max": max(lengths),
             "rollout_tokens": sum(lengths), "rollout_tokens_per_s": tokens_per_s,
             "spec": spec.as_dict(), "k_histogram": {str(k): v for k, v in k_histogram.items()},
@@ -245,6 +265,19 @@ class Learner:
         self.sink.write(step, record)
         self.history.append(record)
         return record
+
+    def _reward_parts(self, step: int, groups: list[Group]) -> dict:
+        """Each named reward's mean ("rewards"), and the samples where a reward function raised, counted by
+        reward ("reward_errors"); the first failure of each reward in this process is printed."""
+        names = groups[0].reward_parts.keys()
+        parts = {name: statistics.fmean(v for g in groups for v in g.reward_parts[name]) for name in names}
+        errors = Counter(name for g in groups for name, _ in g.reward_errors)
+        for name, reason in (failure for g in groups for failure in g.reward_errors):
+            if name not in self.reported_reward_errors:
+                self.reported_reward_errors.add(name)
+                print(f"step {step}: the reward {name} raised {reason}; the sample scores 0 there (failures are "
+                      "counted in metrics.jsonl as reward_errors)", file=sys.stderr, flush=True)
+        return {"rewards": parts, "reward_errors": dict(errors)} if errors else {"rewards": parts}
 
     def _eval_summary(self) -> dict:
         """The first and last held-out pass@1 of this process's records (with their intervals)."""

@@ -61,7 +61,7 @@ Held-out evaluation (`eval.every`) runs on the source's newest weights: in this 
 
 Resume (`--resume RUN_DIR`): a checkpoint holds, besides the weights and optimiser, the
 controller's request counter, the requests sent and not yet answered (they are sent
-again), the buffer's groups and the ledger (consumed, dropped, seen), and each worker's
+again), the buffer's groups and the ledger (consumed, dropped, filtered, seen), and each worker's
 proposer memory. Workers restart from the checkpoint's policy at its version. The data
 positions trained on continue without a gap or a repeat. In sync a resumed run is step
 for step the uninterrupted one; in async which groups arrive when is a race, as in any
@@ -75,7 +75,6 @@ from dataclasses import asdict
 from specrl.pipeline.actors import RolloutRequest, RolloutResult
 from specrl.pipeline.buffer import StalenessBuffer
 from specrl.pipeline.config import TrainConfig
-from specrl.pipeline.evaluation import check_held_out
 from specrl.pipeline.groups import Group
 from specrl.pipeline.learner import Learner, sampling_seed, starting_point
 from specrl.pipeline.sources import make_source
@@ -98,15 +97,18 @@ class Pipeline:
         self.max_staleness = 0 if sync else spec.max_staleness
         window = (self.max_staleness + 1) * self.P
         self.window = window if sync else min(spec.buffer_size or window, window)
-        self.buffer = StalenessBuffer(self.max_staleness)
+        self.dynamic = config.grpo.dynamic_sampling
+        self.buffer = StalenessBuffer(self.max_staleness, drop_uniform=self.dynamic)
         # a checkpoint written before the two modes shared this loop holds no request counter: step s was request s - 1
         self.next_request = saved.get("next_request", learner.start_step * self.P // self.R)
+        self.next_position = saved.get("next_position", self.next_request * self.R)  # the next data position to issue
         self.reissue: list[RolloutRequest] = [RolloutRequest(**r) for r in saved.get("requests", [])]  # sent first
         if "buffer" in saved:
             self.buffer.load_state_dict(saved["buffer"])
+        self.filtered_at_step = len(self.buffer.filtered)  # groups set aside before this step (dynamic sampling)
         states = saved.get("proposer") or [{}]  # one per worker (a sync checkpoint from before held one dict)
         if config.eval.every:
-            check_held_out(learner.task, config.eval.prompts, config.run.steps * self.P)
+            learner.task.check_held_out(config.eval.prompts, config.run.steps * self.P)
         self.source = make_source(config, models, learner.start_version,
                                   states if isinstance(states, list) else [states])
         self.reissued = 0
@@ -120,8 +122,14 @@ class Pipeline:
 
     # -- the controller -------------------------------------------------------------
     def _new_request(self) -> RolloutRequest:
-        number = self.next_request
-        return RolloutRequest(number, number * self.R, self.R, sampling_seed(self.config.run.seed, number + 1))
+        """The next R positions; under dynamic sampling only as many as the window has room for (a top-up
+        for groups set aside), and at least one."""
+        number, count = self.next_request, self.R
+        if self.dynamic:
+            count = max(1, min(self.R, self.window - len(self.buffer) - self.in_flight_groups()))
+        if self.config.eval.every:
+            self.learner.task.check_held_out(self.config.eval.prompts, self.next_position + count)
+        return RolloutRequest(number, self.next_position, count, sampling_seed(self.config.run.seed, number + 1))
 
     def dispatch(self) -> None:
         """Send requests while a worker has room and the window admits them (re-issues first)."""
@@ -134,6 +142,7 @@ class Pipeline:
                 self.reissued += 1
             else:
                 self.next_request += 1
+                self.next_position += request.count
             self.source.submit(slot, request)
 
     def in_flight_groups(self) -> int:
@@ -162,11 +171,22 @@ class Pipeline:
                 batch = self.buffer.take(self.P, trainer_version=step - 1)
                 if batch is not None:
                     break
+                self._check_dynamic_sampling_budget(step)
                 self.dispatch()  # dropped groups and failed requests free room in the window
                 arrived += self.ingest(timeout=None)
         if local:
             timer.reassign(stage, "reward", sum(r.seconds["reward"] for r in arrived))
         return batch
+
+    def _check_dynamic_sampling_budget(self, step: int) -> None:
+        filtered = len(self.buffer.filtered) - self.filtered_at_step
+        budget = self.config.grpo.dynamic_sampling_budget * self.P
+        if filtered > budget:
+            raise RuntimeError(
+                f"step {step}: dynamic sampling set aside {filtered} groups whose rewards were all equal (more than "
+                f"grpo.dynamic_sampling_budget x rollout.prompts_per_step = {budget}) before {self.P} groups with "
+                "a reward spread arrived: the task is too hard or too easy for the policy at this group size. "
+                "Raise grpo.group_size or the budget, or change the task")
 
     def evaluate(self) -> dict:
         """Held-out pass@k of the source's newest policy (timed as `eval`, left out of step_seconds). The
@@ -206,6 +226,9 @@ class Pipeline:
         seconds = sum(r.seconds["generation"] for r in results)
         updates = sum(r.weight_updates for r in results)
         self.in_flight_updates += updates
+        filtered, self.filtered_at_step = len(self.buffer.filtered) - self.filtered_at_step, len(self.buffer.filtered)
+        if self.dynamic:
+            extra["filtered_groups"] = filtered  # each a group of grpo.group_size extra generations
         extra = {**extra, "rollout_seconds": {name: sum(r.seconds.get(name, 0.0) for r in results)
                                               for name in ("generation", "weight_load", "reward")},
                  "in_flight_weight_updates": updates, "dropped_total": len(self.buffer.dropped),
@@ -217,7 +240,8 @@ class Pipeline:
     def pipeline_state(self) -> dict:
         """Everything the controller needs to continue: requests not yet answered are sent again."""
         pending = self.reissue + self.source.pending()
-        return {"next_request": self.next_request, "requests": [asdict(r) for r in pending],
+        return {"next_request": self.next_request, "next_position": self.next_position,
+                "requests": [asdict(r) for r in pending],
                 "buffer": self.buffer.state_dict(), "proposer": self.source.proposer_states()}
 
     def run(self, progress=None) -> dict:
@@ -236,10 +260,10 @@ class Pipeline:
             learner.close()
 
     def ledger(self) -> dict[str, int]:
-        """Where every issued group went: consumed + dropped + buffered + in flight + awaiting re-issue +
-        abandoned at shutdown (a resumed run sends those again) == issued."""
-        return {"issued": self.next_request * self.R, "consumed": len(self.buffer.consumed),
-                "dropped": len(self.buffer.dropped), "buffered": len(self.buffer),
+        """Where every issued group went: consumed + dropped + filtered + buffered + in flight + awaiting
+        re-issue + abandoned at shutdown (a resumed run sends those again) == issued."""
+        return {"issued": self.next_position, "consumed": len(self.buffer.consumed),
+                "dropped": len(self.buffer.dropped), "filtered": len(self.buffer.filtered), "buffered": len(self.buffer),
                 "in_flight": self.in_flight_groups(), "awaiting_reissue": sum(r.count for r in self.reissue),
                 "abandoned": self.source.abandoned, "duplicates": self.buffer.duplicates}
 
@@ -255,5 +279,6 @@ class Pipeline:
                                      "rollout": self.rollout_seconds.get("weight_load", 0.0)},
             "rollout_timing": dict(self.rollout_seconds), "weight_updates": self.config.pipeline.weight_updates,
             "in_flight_weight_updates": self.in_flight_updates,
+            "dynamic_sampling_extra_generations": len(self.buffer.filtered) * self.config.grpo.group_size,
             **self.source.summary(), "requests_reissued": self.reissued, "groups": self.ledger(),
         }

@@ -76,9 +76,10 @@ class TrainerRank:
             torch.cuda.set_device(0)  # Ray gives each rank one GPU, visible as device 0
         self.trainer = PolicyTrainer(checkpoint_dir, grpo, optim, sampling, pad_id, device=device)
 
-    def step(self, prompts, responses, behaviour, advantages: list[float], decoupled: bool, num_tokens: int) -> dict:
+    def step(self, prompts, responses, behaviour, advantages: list[float], decoupled: bool, num_tokens: int,
+             num_sequences: int) -> dict:
         return self.trainer.step(prompts, responses, behaviour, torch.tensor(advantages), decoupled=decoupled,
-                                 num_tokens=num_tokens)
+                                 num_tokens=num_tokens, num_sequences=num_sequences)
 
     def state_dict(self) -> dict[str, np.ndarray] | None:
         state = self.trainer.state_dict()  # every rank takes part in the gathers
@@ -136,7 +137,8 @@ class TrainerGroup:
         parts = [slice(r * share, (r + 1) * share) for r in range(self.ranks)]
         advantages = advantages.tolist()
         return combine_stats(ray.get([
-            actor.step.remote(prompts[p], responses[p], behaviour_logprobs[p], advantages[p], decoupled, num_tokens)
+            actor.step.remote(prompts[p], responses[p], behaviour_logprobs[p], advantages[p], decoupled, num_tokens,
+                              rows)
             for actor, p in zip(self.actors, parts)]))
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -40,13 +40,38 @@ the denominator (the batch's response-token count, which the micro-batches share
 counts them in the step's stats. Its gradient would be 0 anyway (rho = 0 has no gradient, and the
 truncation mask is a constant), and its KL to a reference that excludes it is infinite.
 
-Deliberately left out: value function (GRPO has none), entropy bonus, per-sequence
-length normalisation, dual-clip.
+Variants, one config key each:
+
+| key | what it changes | paper |
+|---|---|---|
+| `grpo.clip_high` > `clip_low` | clip-higher: a looser ceiling keeps low-probability tokens exploring | DAPO (Yu et al. 2025, arXiv:2503.14476) |
+| `grpo.scale_advantages=false` | A_i = r_i - mean(r), no std division | Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) |
+| token-mean (always) | every response token weighs the same | DAPO |
+| `grpo.ratio_level=sequence` | one ratio per sequence, clipped per sequence, sequence-mean loss | GSPO (Zheng et al. 2025, arXiv:2507.18071) |
+| `grpo.dynamic_sampling=true` | groups whose rewards are all equal are dropped and replaced | DAPO |
+| `grpo.overlong=filter` | responses cut at rollout.max_tokens are left out of the loss | DAPO |
+| `grpo.overlong=penalty` | soft length penalty added to the reward (`overlong_penalty`) | DAPO |
+
+The last three act on the batch, not on this loss: dynamic sampling in the pipeline's buffer
+(`pipeline.buffer`), the overlong handling where the learner builds the batch (`pipeline.learner`).
+
+Sequence level (GSPO). With L_i = response i's length and x the anchor (behaviour b, or the
+proximal policy when given),
+    ratio      s_i = exp( (1/n_i) sum_t (l_t - x_t) )     n_i = tokens of i that count
+    surrogate  S_i = min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
+    loss       = -(1/N) sum_i (n_i / L_i) * S_i            N = sequences in the whole batch
+so every sequence weighs the same, whatever its length (with no excluded token n_i = L_i).
+The KL term is averaged the same way (each sequence's token mean, then over sequences), and
+under version lag the IS weight is per sequence, w_i = min(exp(mean_t(x_t - b_t)), is_cap).
+GSPO's paper clips far tighter than token-level GRPO (eps of 3e-4 and 4e-4): set clip_low
+and clip_high to match.
+
+Deliberately left out: value function (GRPO has none), entropy bonus, dual-clip.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -65,9 +90,23 @@ class GRPOConfig:
     kl_coef: float = within(0.0, "[0, inf)")  # beta; 0 = no reference model kept
     is_cap: float = within(2.0, "[1, inf)")  # truncates the behaviour -> proximal IS weight on stale tokens (async)
     scale_advantages: bool = True  # divide by the group std (False = Dr. GRPO)
+    ratio_level: Literal["token", "sequence"] = "token"  # sequence = GSPO's sequence-level ratio and clipping
+    # DAPO's dynamic sampling: drop groups whose rewards are all equal and generate fresh prompts until the batch is full
+    dynamic_sampling: bool = False
+    # dynamic sampling stops the run when one step drops more than this many batches' worth of groups
+    dynamic_sampling_budget: int = within(8, "[1, inf)")
+    # responses cut at rollout.max_tokens: keep | filter (out of the loss) | penalty (DAPO's soft length penalty)
+    overlong: Literal["keep", "filter", "penalty"] = "keep"
+    overlong_buffer: int = within(16, "[1, inf)")  # penalty: the last this many tokens before max_tokens ramp to -1
 
     def __post_init__(self):
         check_fields(self)
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to max_tokens - buffer tokens, then falling
+    linearly to -1 at max_tokens. Example (max 32, buffer 8): 24 tokens -> 0, 28 -> -0.5, 32 -> -1."""
+    return min(0.0, (max_tokens - buffer - length) / buffer)
 
 
 def grpo_loss(
@@ -79,36 +118,47 @@ def grpo_loss(
     num_tokens: int | None = None,  # denominator: response tokens in the whole batch (for micro-batching)
     ref_logprobs: torch.Tensor | None = None,  # [N, T] frozen reference, when kl_coef > 0
     proximal_logprobs: torch.Tensor | None = None,  # [N, T] pre-update policy, detached; only for stale batches
+    num_sequences: int | None = None,  # sequence level: sequences in the whole batch (for micro-batching)
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """-> (loss, stats). With micro-batches, pass the whole batch's token count so the
-    summed micro-batch losses equal the full-batch token mean. Stats: `kl`, `clip_fraction` (token means)
-    and `excluded_tokens` (a count: see the module docstring's rule); they gain `is_weight` (token mean of w)
-    and `is_truncated_fraction` when `proximal_logprobs` is given."""
+    """-> (loss, stats). With micro-batches, pass the whole batch's token count (and, at sequence level, its
+    sequence count) so the summed micro-batch losses equal the full batch's. Stats: `kl`, `clip_fraction`
+    (means weighted as the loss weighs tokens) and `excluded_tokens` (a count: see the module docstring's rule);
+    they gain `is_weight` (mean w) and `is_truncated_fraction` when `proximal_logprobs` is given."""
     response = mask > 0
     terms = [logprobs, behaviour_logprobs]
     terms += [proximal_logprobs] if proximal_logprobs is not None else []
     terms += [ref_logprobs] if config.kl_coef > 0 and ref_logprobs is not None else []
     counts = response & torch.stack([torch.isfinite(t) for t in terms]).all(0)  # [N, T] the tokens that count
     weight = counts.to(logprobs.dtype)
+    sequence = config.ratio_level == "sequence"
+    if sequence:  # each sequence's tokens share 1 / (L_i N)
+        lengths = mask.sum(1, keepdim=True).clamp_min(1)
+        token_weight = weight / (lengths * (num_sequences if num_sequences is not None else mask.shape[0]))
+    else:
+        token_weight = weight / (num_tokens if num_tokens is not None else mask.sum().clamp_min(1))
 
     def masked(values: torch.Tensor) -> torch.Tensor:  # 0 wherever a token does not count, before any arithmetic
         return torch.where(counts, values, torch.zeros((), dtype=values.dtype))
 
-    denominator = num_tokens if num_tokens is not None else mask.sum().clamp_min(1)
+    def per_sequence_mean(values: torch.Tensor) -> torch.Tensor:  # [N, T] -> [N, 1], over the tokens that count
+        return (values * weight).sum(1, keepdim=True) / weight.sum(1, keepdim=True).clamp_min(1)
+
     current, behaviour = masked(logprobs), masked(behaviour_logprobs)
     proximal = None if proximal_logprobs is None else masked(proximal_logprobs)
     anchor = behaviour if proximal is None else proximal
-    ratio = torch.exp(current - anchor)
+    log_ratio = current - anchor
+    ratio = torch.exp(per_sequence_mean(log_ratio) if sequence else log_ratio)  # [N, 1] or [N, T]
     adv = advantages.unsqueeze(1)
     clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
     surrogate = torch.minimum(ratio * adv, clipped * adv)
     extra = {}
     if proximal is not None:
-        raw = torch.exp(proximal - behaviour).detach()
+        lag = proximal - behaviour
+        raw = torch.exp(per_sequence_mean(lag) if sequence else lag).detach()
         is_weight = raw.clamp(max=config.is_cap)
         surrogate = is_weight * surrogate
-        extra = {"is_weight": float((is_weight * weight).sum() / denominator),
-                 "is_truncated_fraction": float(((raw > config.is_cap).to(weight.dtype) * weight).sum() / denominator)}
+        extra = {"is_weight": float((is_weight * token_weight).sum()),
+                 "is_truncated_fraction": float(((raw > config.is_cap).to(weight.dtype) * token_weight).sum())}
     objective = surrogate
     kl = torch.zeros((), dtype=logprobs.dtype)
     if config.kl_coef > 0:
@@ -117,10 +167,10 @@ def grpo_loss(
         delta = masked(ref_logprobs) - current
         per_token_kl = torch.exp(delta) - delta - 1
         objective = surrogate - config.kl_coef * per_token_kl
-        kl = (per_token_kl * weight).sum() / denominator
-    loss = -(objective * weight).sum() / denominator
+        kl = (per_token_kl * token_weight).sum()
+    loss = -(objective * token_weight).sum()
     with torch.no_grad():
         outside = (ratio < 1 - config.clip_low) | (ratio > 1 + config.clip_high)
-        clip_frac = (outside.to(weight.dtype) * weight).sum() / denominator
+        clip_frac = (outside.to(weight.dtype) * token_weight).sum()
     return loss, {"kl": float(kl.detach()), "clip_fraction": float(clip_frac),
                   "excluded_tokens": int((response & ~counts).sum()), **extra}

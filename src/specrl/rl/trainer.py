@@ -208,14 +208,16 @@ class PolicyTrainer:
 
     def step(self, prompts: list[list[int]], responses: list[list[int]], behaviour_logprobs: list[list[float]],
              advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False,
-             hidden_layers: tuple[int, ...] = (), num_tokens: int | None = None) -> dict[str, float]:
+             hidden_layers: tuple[int, ...] = (), num_tokens: int | None = None,
+             num_sequences: int | None = None) -> dict[str, float]:
         """One optimiser step. `on_micro_batch(batch, logits, hidden)` sees each micro-batch's detached
         policy logits and the hidden states after the engine layer indices `hidden_layers` (the
         draft or head adaptation trains on them: no extra forward pass). `decoupled` (a batch with
         stale tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`).
-        With several ranks each passes its own rows and the whole batch's `num_tokens`; the stats
+        With several ranks each passes its own rows and the whole batch's `num_tokens` and `num_sequences`; the stats
         are then this rank's shares (sums over ranks give the batch's; see `TrainerGroup`)."""
         num_tokens = num_tokens if num_tokens is not None else sum(len(r) for r in responses)
+        num_sequences = num_sequences if num_sequences is not None else len(responses)
         stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "excluded_tokens": 0}
         abs_err, max_err, parity_tokens = 0.0, 0.0, 0
         self.optimizer.zero_grad(set_to_none=True)
@@ -240,7 +242,7 @@ class PolicyTrainer:
                 with torch.no_grad(), self._autocast():
                     ref = token_logprobs(response_logits(self.reference, batch), batch.ids, *self._truncation)
             loss, micro = grpo_loss(logprobs, behaviour, advantages[rows], batch.loss_mask, self.grpo,
-                                    num_tokens=num_tokens, ref_logprobs=ref,
+                                    num_tokens=num_tokens, ref_logprobs=ref, num_sequences=num_sequences,
                                     proximal_logprobs=logprobs.detach() if decoupled else None)
             (loss * self.ranks).backward()  # FSDP averages the ranks' gradients; each holds a share of the sum
             stats["loss"] += float(loss.detach())

@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from specrl.tasks.task import TaskConfig
+from specrl.tasks.task import HeldOutTail, TaskConfig
 from specrl.validation import check_fields, within
 
 PROMPT_PREFIX = "Q:"
@@ -121,10 +121,15 @@ def score(problem: Problem, response: str) -> float:
     return 1.0 if extract_answer(response) == problem.answer else 0.0
 
 
-class ArithmeticTask:
-    """`TaskConfig.difficulty` = ArithmeticConfig's fields; the training split, drawn from the config's seed."""
+class ArithmeticTask(HeldOutTail):
+    """`TaskConfig.difficulty` = ArithmeticConfig's fields; the training split, drawn from the config's seed.
+    Its prompts are the `tiny` model's fixed format: no chat template, system prompt or instruction."""
 
     def __init__(self, config: TaskConfig):
+        for key in ("system_prompt", "instruction"):
+            if getattr(config, key) is not None:
+                raise ValueError(f"task.{key}: the arithmetic task's prompts are the tiny model's fixed format "
+                                 f"({PROMPT_PREFIX!r} problem {PROMPT_SUFFIX!r}); leave it unset")
         try:
             settings = ArithmeticConfig(**{k: tuple(v) if isinstance(v, list) else v
                                            for k, v in config.difficulty.items()})
@@ -141,5 +146,9 @@ class ArithmeticTask:
     def render(self, problem: Problem, tokenizer) -> str:
         return problem.prompt
 
-    def reward(self, response: str, problem: Problem) -> float:
-        return score(problem, response)
+    def example(self, problem: Problem) -> dict:
+        return {"prompt": problem.prompt, "question": problem.expression, "answer": str(problem.answer)}
+
+    def verify(self, response: str, example: dict) -> float:
+        """1.0 when the response's final answer is the example's (`score`), else 0.0."""
+        return 1.0 if extract_answer(response) == int(example["answer"]) else 0.0

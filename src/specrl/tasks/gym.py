@@ -1,7 +1,7 @@
 """Verifiable reasoning tasks from reasoning-gym, rendered as prompts and scored exactly.
 
 A task yields `Problem`s; `render` turns one into prompt text (through the model's
-chat template when the tokenizer has one); `reward` scores a response with the
+chat template when the tokenizer has one); `verify` scores a response with the
 dataset's own scorer, or specrl's rewrite of it: 1.0 when the extracted answer scores
 >= 1, else 0.0. The answer is taken from the last `<answer>...</answer>` in the response,
 or, when there is none, the last number in it. A scorer that raises on a malformed answer
@@ -20,12 +20,12 @@ sympy's `parse_expr`, which calls `eval`, where checking the answer needs symbol
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import reasoning_gym
 
 from specrl.tasks.safe_scorers import REWRITTEN_SCORERS
-from specrl.tasks.task import TaskConfig
+from specrl.tasks.task import HeldOutTail, TaskConfig, chat_prompt
 
 INSTRUCTION = "Solve the problem. Give only the final answer inside <answer></answer>."
 
@@ -85,7 +85,7 @@ def extract_answer(response: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-class ReasoningGymTask:
+class ReasoningGymTask(HeldOutTail):
     def __init__(self, config: TaskConfig):
         refusal = scorer_refusal(config.name)
         if refusal is not None:
@@ -95,7 +95,7 @@ class ReasoningGymTask:
                                                         **config.difficulty)
         except (ValueError, TypeError, KeyError) as err:
             raise ValueError(f"task {config.name!r} with difficulty {config.difficulty}: {err}") from err
-        self.config = config
+        self.config = config if config.instruction is not None else replace(config, instruction=INSTRUCTION)
         self.score = REWRITTEN_SCORERS.get(config.name, self.dataset.score_answer)  # (answer, entry) -> score
 
     def __len__(self) -> int:
@@ -107,18 +107,19 @@ class ReasoningGymTask:
         return Problem(index, entry["question"], str(entry["answer"]), entry)
 
     def render(self, problem: Problem, tokenizer) -> str:
-        content = f"{problem.question}\n{INSTRUCTION}"
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                 add_generation_prompt=True)
-        return content + "\n"
+        """The question and `task.instruction` (default `INSTRUCTION`), through the chat template where there is one."""
+        return chat_prompt([{"role": "user", "content": problem.question}], tokenizer, self.config)
 
-    def reward(self, response: str, problem: Problem) -> float:
+    def example(self, problem: Problem) -> dict:
+        return problem.entry
+
+    def verify(self, response: str, entry: dict) -> float:
+        """1.0 when the dataset's scorer (or specrl's rewrite) gives the extracted answer >= 1, else 0.0."""
         answer = extract_answer(response)
         if answer is None:
             return 0.0
         try:
-            score = self.score(answer, problem.entry)
+            score = self.score(answer, entry)
         except Exception:  # noqa: BLE001 - some scorers raise on malformed answers (prime_factorization: int())
             return 0.0
         return 1.0 if score >= 1.0 else 0.0
