@@ -89,3 +89,26 @@ def parse_arithmetic_prompt(prompt: str):
     if not match:
         raise ValueError(f"not an arithmetic prompt: {prompt!r}")
     return Problem(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_chat_tokenizer(path) -> "transformers.PreTrainedTokenizerFast":
+    """A character-level fast tokenizer over printable ASCII with a ChatML chat template, saved to `path`
+    (what a Hugging Face checkpoint folder holds); its vocabulary is 100 ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|im_start|>", "<|im_end|>", "<unk>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    vocab = {token: i for i, token in enumerate(specials + chars)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<unk>",
+                                   unk_token="<unk>", additional_special_tokens=specials[:1])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return fast

@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("target", metavar="MODEL|RUN_DIR")
     p.add_argument("--task", default=None, help="task name (default: the run's task, or the model's preset task)")
     p.add_argument("--n", type=int, default=1, help="samples per problem; pass@k is reported for k = 1, 2, 4, .. <= n")
-    p.add_argument("--prompts", type=int, default=200, help="held-out problems (default 200)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="held-out problems (default: 200, or all of a file task's held-out rows when fewer)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1)")
     p.add_argument("--max-tokens", type=int, default=None, help="response cap (default: the run's or preset's)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -57,10 +58,11 @@ def _target(target: str, task_name: str | None) -> tuple[str, TaskConfig, int, s
 def run(args) -> dict:
     threads = set_threads(args.threads)
     model, task_config, max_tokens, evaluated = _target(args.target, args.task)
-    eval_config = EvalConfig(prompts=args.prompts, n=args.n, temperature=args.temperature, batch=args.batch)
     task = make_task(task_config)
+    prompts = args.prompts or min(200, task.held_out_size)
+    eval_config = EvalConfig(prompts=prompts, n=args.n, temperature=args.temperature, batch=args.batch)
     backend = make_backend(BackendConfig(model=model, proposer=args.proposer))
-    with progress_bar(f"eval {task_config.name}", args.prompts) as update:
+    with progress_bar(f"eval {task_config.name}", prompts) as update:
         result = evaluate(backend, task, backend.tokenizer, eval_config, args.max_tokens or max_tokens, args.seed,
                           progress=lambda done, total: update(done))
     return {"evaluated": evaluated, "task": task_config.name, "difficulty": json.loads(json.dumps(task_config.difficulty)),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrl.tasks.task import TaskConfig, chat_prompt
+from specrl.tasks.verifiers import gold_letter, read_number
 
 SUFFIX_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -31,6 +32,8 @@ def read_rows(path: str, key: str) -> list[dict]:
     where = Path(path)
     if not where.exists():
         raise ValueError(f"{key}: no file or folder {where}")
+    if where.is_file() and where.stat().st_size <= 4096 and not where.read_bytes().strip():
+        raise ValueError(f"{key}: {where} holds no rows")  # the loaders fail on an empty file with no reason
     datasets.disable_progress_bars()
     try:
         if where.is_dir():
@@ -107,21 +110,32 @@ class FileProblems:
         return problems
 
     def check_rewards(self, rewards) -> None:
-        """The built-in verifiers read task.answer_field: every row must have one."""
-        if not rewards.reads_answer:
-            return
+        """The built-in verifiers read task.answer_field: every row must have one, in the form they read."""
         field = self.config.answer_field
-        for problem in self.train + self.held:
-            if problem.example.get(field) is None:
+        for problem in self.train + self.held if rewards.reads_answer else ():
+            gold = problem.example.get(field)
+            if gold is None:
                 raise ValueError(f"task.path row {problem.index}: no answer field {field!r} (the verifiers "
                                  f"{sorted(rewards.reads_answer)} read it); its fields are {sorted(problem.example)}. "
                                  "Set task.answer_field")
+            if "numeric" in rewards.reads_answer and read_number(gold) is None:
+                raise ValueError(f"task.path row {problem.index}: the answer {gold!r} is not a number, which the "
+                                 "numeric verifier needs (integers, decimals, fractions a/b, 1,234)")
+            if "choice" in rewards.reads_answer:
+                try:
+                    gold_letter(gold)
+                except ValueError as err:
+                    raise ValueError(f"task.path row {problem.index}: {err}") from None
 
     def __len__(self) -> int:
         return len(self.train)
 
     def __getitem__(self, index: int) -> Problem:
         return self.train[index % len(self.train)]
+
+    @property
+    def held_out_size(self) -> int:
+        return len(self.held)
 
     def held_out(self, count: int) -> list[Problem]:
         if count > len(self.held):

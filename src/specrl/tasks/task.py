@@ -68,6 +68,8 @@ class Problems(Protocol):
 
     def held_out(self, count: int) -> list: ...
 
+    held_out_size: int  # how many problems `held_out` can give
+
     def check_held_out(self, count: int, trained_positions: int) -> None: ...
 
     def render(self, problem, tokenizer) -> str: ...
@@ -79,6 +81,10 @@ class HeldOutTail:
     """The held-out problems are a generated task's last ones, problems[len - 1], [len - 2], ...: training draws
     from the front (step s trains on positions (s-1)*P .. s*P-1), so a run that has not reached the tail never
     trained on them (`check_held_out` refuses one that has)."""
+
+    @property
+    def held_out_size(self) -> int:
+        return len(self)
 
     def held_out(self, count: int) -> list:
         if count > len(self):
@@ -121,6 +127,10 @@ class Task:
 
     def held_out(self, count: int) -> list:
         return self.problems.held_out(count)
+
+    @property
+    def held_out_size(self) -> int:
+        return self.problems.held_out_size
 
     def check_held_out(self, count: int, trained_positions: int) -> None:
         self.problems.check_held_out(count, trained_positions)
