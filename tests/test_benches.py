@@ -2,6 +2,7 @@
 the small benches run whole."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -98,3 +99,32 @@ def test_the_rollout_bench_names_the_int8_kernel_the_self_draft_ran():
     summary = run_rollout_bench(RolloutBenchConfig(model="tiny", proposer="int8", batch=2, max_tokens=8, rounds=1,
                                                    hf=False, ignore_eos=True))
     assert summary["int8_kernel"] == (int8_kernels() or ("eager",))[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the peers extra (pip install -e '.[peers]')")
+def test_the_trl_bench_runs_one_job_under_both_frameworks_with_the_same_settings(tmp_path):
+    """On a random Qwen3 checkpoint with a chat template and a user's dataset: both sides train, report their
+    step time, token rates and rewards, and TRL's arguments carry the job's settings."""
+    from helpers import save_chat_tokenizer, save_random_checkpoint
+    from specrl.bench.trl_peer import TRLBenchConfig, run_trl_bench
+
+    model = tmp_path / "qwen3"
+    save_random_checkpoint(model, arch="qwen3", vocab=100)
+    save_chat_tokenizer(model)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+{i}=?", "answer": str(2 * i)}) + "\n" for i in range(20)))
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps({
+        "backend": {"model": str(model), "proposer": "ngram"},
+        "task": {"name": "file", "path": str(data), "eval_size": 4, "reward": "numeric"},
+        "rollout": {"max_tokens": 6, "prompts_per_step": 2, "temperature": 1.0},
+        "grpo": {"group_size": 4}, "optim": {"lr": 1e-4, "micro_batch_size": 4}}))
+    out = run_trl_bench(TRLBenchConfig(preset="tiny", config=str(config), steps=2, threads=1))
+    for side in ("specrl", "trl"):
+        assert out[side]["step_seconds"] > 0 and out[side]["rollout_tokens_per_s"] > 0
+        assert len(out[side]["reward_per_step"]) == 2
+    trl = out["trl_config"]
+    assert (trl["num_generations"], trl["max_completion_length"], trl["learning_rate"], trl["max_steps"]) == \
+        (4, 6, 1e-4, 2)
+    assert trl["per_device_train_batch_size"] * trl["gradient_accumulation_steps"] == 8
+    assert out["specrl_config"]["task"]["path"] == str(data)

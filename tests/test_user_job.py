@@ -45,3 +45,30 @@ def test_a_users_dataset_and_reward_train_and_evaluate_from_the_command_line(tmp
     result = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert result["task"] == "file" and result["problems"] == 10 and 0.0 <= result["pass@1"] <= 1.0
 
+
+
+@pytest.mark.parametrize("proposer", ["int8", "ngram", "suffix"])
+def test_a_qwen3_checkpoint_folder_trains_on_a_users_dataset_with_its_chat_template(tmp_path, proposer):
+    """A random Qwen3 checkpoint the test writes, with a chat-template tokenizer: GRPO with each draft that
+    needs no training, the engine's logprobs equal to the trainer's, prompts rendered through the template."""
+    from helpers import save_chat_tokenizer, save_random_checkpoint
+    from specrl.pipeline.config import load_config
+    from specrl.pipeline.loop import Pipeline
+
+    model = tmp_path / "qwen3"
+    save_random_checkpoint(model, arch="qwen3", vocab=100)
+    tokenizer = save_chat_tokenizer(model)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+{i}=?", "answer": str(2 * i)}) + "\n" for i in range(40)))
+    config = load_config(overrides=[
+        f"backend.model={model}", f"backend.proposer={proposer}", "task.name=file", f"task.path={data}",
+        "task.eval_size=8", "task.system_prompt=Add.", "rollout.max_tokens=8", "rollout.prompts_per_step=2",
+        "grpo.group_size=4", "run.steps=2", f"run.run_dir={tmp_path / 'run'}", "run.tensorboard=false",
+        "eval.every=2", "eval.prompts=8", "run.threads=2"])
+    pipeline = Pipeline(config)
+    summary = pipeline.run()
+    assert summary["steps_run"] == 2 and summary["eval_pass@1_last"] is not None
+    for record in pipeline.history:
+        assert record["train"]["logprob_abs_error_max"] < 1e-4
+    prompt = pipeline.learner.task.render(pipeline.learner.task[0], tokenizer)
+    assert prompt.startswith("<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n0+0=?")

@@ -12,6 +12,7 @@ from specrl.bench.exactness_bench import ExactnessBenchConfig, run_exactness_ben
 from specrl.bench.kernel_bench import KernelBenchConfig, run_kernel_bench
 from specrl.bench.verification_bench import VerificationBenchConfig, run_verification_bench
 from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
+from specrl.bench.trl_peer import TRLBenchConfig, run_trl_bench
 from specrl.commands.common import add_threads_flag, console, progress_bar, set_threads
 from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES
 from specrl.validation import choices
@@ -145,6 +146,22 @@ def register(subparsers) -> None:
     r.add_argument("--max-staleness", type=int, default=a.max_staleness, help="the async run's staleness bound")
     r.set_defaults(func=run_async)
 
+    tc = TRLBenchConfig()
+    tr = kinds.add_parser("trl", help="specrl's GRPO against TRL's GRPOTrainer on the same job (needs the peers extra)",
+                          description="Runs the job `specrl train --preset PRESET --config CONFIG` for --steps steps "
+                                      "under specrl and under TRL's GRPOTrainer (pip install -e '.[peers]'): the same "
+                                      "model, problems, prompts, rewards, group size, prompts per step, response cap, "
+                                      "temperature, learning rate and clip range. Reports each side's seconds per "
+                                      "step, rollout and training tokens per second, and reward per step, and both "
+                                      "configs in full.")
+    tr.add_argument("--preset", default=tc.preset, help="(default: %(default)s)")
+    tr.add_argument("--config", default=tc.config, help="run config file on top of the preset (default: %(default)s)")
+    tr.add_argument("--steps", type=int, default=tc.steps, help="GRPO steps per run (default: %(default)s)")
+    tr.add_argument("--rounds", type=int, default=tc.rounds, help="rounds of both runs, alternating which goes first")
+    tr.add_argument("--seed", type=int, default=tc.seed, help="(default: %(default)s)")
+    tr.add_argument("--threads", type=int, default=tc.threads, help="torch threads for both (default: %(default)s)")
+    tr.set_defaults(func=run_trl)
+
 
 def _add_sampling_flags(parser, defaults) -> None:
     """K, sampling, rounds, seed and threads: the flags both speculation benches share."""
@@ -231,6 +248,22 @@ def run_async(args) -> dict:
         summary = run_async_bench(config, progress=update)
     console.print(f"sync / async: whole process {summary['wall_ratio_median']:.2f}x, "
                   f"training loop {summary['loop_ratio_median']:.2f}x")
+    return summary
+
+
+def run_trl(args) -> dict:
+    config = TRLBenchConfig(preset=args.preset, config=args.config, steps=args.steps, rounds=args.rounds,
+                            seed=args.seed, threads=args.threads)
+    with progress_bar("bench trl", config.rounds) as update:
+        summary = run_trl_bench(config, progress=update)
+    table = Table(title=f"GRPO on the same job: {config.preset} + {config.config}, {config.steps} steps")
+    for column in ("", "s / step", "rollout tok/s", "training tok/s", "reward per step"):
+        table.add_column(column)
+    for side in ("specrl", "trl"):
+        row = summary[side]
+        table.add_row(side, f"{row['step_seconds']:.1f}", f"{row['rollout_tokens_per_s']:.0f}",
+                      f"{row['training_tokens_per_s']:.0f}", " ".join(f"{r:.2f}" for r in row["reward_per_step"]))
+    console.print(table)
     return summary
 
 

@@ -147,8 +147,11 @@ class FileProblems:
     def check_held_out(self, count: int, trained_positions: int) -> None:
         self.held_out(count)  # the held-out rows are apart from the training rows: only their number can be wrong
 
+    def messages(self, problem: Problem) -> list[dict]:
+        return [dict(m) for m in problem.messages]
+
     def render(self, problem: Problem, tokenizer) -> str:
-        return chat_prompt(list(problem.messages), tokenizer, self.config)
+        return chat_prompt(self.messages(problem), tokenizer, self.config)
 
     def example(self, problem: Problem) -> dict:
         return problem.example

@@ -106,9 +106,12 @@ class ReasoningGymTask(HeldOutTail):
         entry = self.dataset[index]
         return Problem(index, entry["question"], str(entry["answer"]), entry)
 
+    def messages(self, problem: Problem) -> list[dict]:
+        return [{"role": "user", "content": problem.question}]
+
     def render(self, problem: Problem, tokenizer) -> str:
         """The question and `task.instruction` (default `INSTRUCTION`), through the chat template where there is one."""
-        return chat_prompt([{"role": "user", "content": problem.question}], tokenizer, self.config)
+        return chat_prompt(self.messages(problem), tokenizer, self.config)
 
     def example(self, problem: Problem) -> dict:
         return problem.entry

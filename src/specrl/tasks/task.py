@@ -76,6 +76,9 @@ class Problems(Protocol):
 
     def example(self, problem) -> dict: ...  # the record a reward function receives
 
+    # file and reasoning-gym: the chat messages `render` puts through the template (arithmetic has none)
+    def messages(self, problem) -> list[dict]: ...
+
 
 class HeldOutTail:
     """The held-out problems are a generated task's last ones, problems[len - 1], [len - 2], ...: training draws
@@ -99,15 +102,22 @@ class HeldOutTail:
                              f"{trained_positions} problems this run trains on; raise task.size or lower eval.prompts")
 
 
-def chat_prompt(messages: list[dict], tokenizer, config: TaskConfig, separator: str = "\n") -> str:
-    """Messages (a text problem is one user message) with `task.system_prompt` and `task.instruction` added,
-    rendered by the tokenizer's chat template (`task.template=auto`, where it has one) or as plain text."""
+def chat_messages(messages: list[dict], config: TaskConfig, separator: str = "\n") -> list[dict]:
+    """Messages (a text problem is one user message) with `task.system_prompt` put first and `task.instruction`
+    added to the last user message."""
     messages = [dict(m) for m in messages]
     if config.instruction:
         users = [m for m in messages if m["role"] == "user"] or messages
         users[-1]["content"] = f"{users[-1]['content']}{separator}{config.instruction}"
     if config.system_prompt:
         messages.insert(0, {"role": "system", "content": config.system_prompt})
+    return messages
+
+
+def chat_prompt(messages: list[dict], tokenizer, config: TaskConfig) -> str:
+    """`chat_messages` rendered by the tokenizer's chat template (`task.template=auto`, where it has one) or as
+    plain text (the contents, a blank line apart, and a newline)."""
+    messages = chat_messages(messages, config)
     if config.template == "auto" and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n\n".join(m["content"] for m in messages) + "\n"
@@ -137,6 +147,12 @@ class Task:
 
     def render(self, problem, tokenizer) -> str:
         return self.problems.render(problem, tokenizer)
+
+    def messages(self, problem) -> list[dict]:
+        """The chat messages a chat template renders for `problem` (what another framework would be handed)."""
+        if not hasattr(self.problems, "messages"):
+            raise ValueError(f"task {self.config.name!r} has no chat messages: its prompts are a fixed text format")
+        return chat_messages(self.problems.messages(problem), self.problems.config)  # with the task's own defaults
 
     def score(self, response: str, problem) -> Score:
         return self.rewards(response, self.problems.example(problem))
