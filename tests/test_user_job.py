@@ -44,6 +44,12 @@ def test_a_users_dataset_and_reward_train_and_evaluate_from_the_command_line(tmp
                                capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert result["task"] == "file" and result["problems"] == 10 and 0.0 <= result["pass@1"] <= 1.0
+    job = tmp_path / "job.json"  # the untrained model on the same held-out rows, from the job's config file
+    job.write_text(json.dumps({"task": {"name": "file", "path": str(data), "template": "none", "eval_size": 10,
+                                        "reward": "numeric"}}))
+    before = subprocess.run(common + ["eval", "tiny", "--config", str(job), "--threads", "1"],
+                            capture_output=True, text=True, timeout=600, check=True)
+    assert json.loads(before.stdout.strip().splitlines()[-1])["problems"] == 10
 
 
 

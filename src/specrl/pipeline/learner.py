@@ -43,6 +43,9 @@ from specrl.telemetry.spec_stats import SpecStats
 from specrl.telemetry.timers import StageTimer
 
 
+HEAD_ACCEPTANCE_ROLLOUTS = 64  # held-out rollouts the adapted and frozen heads are scored on (two trainer passes)
+
+
 def make_policy_trainer(config: TrainConfig, policy_dir: str, pad_id: int) -> PolicyTrainer | TrainerGroup:
     """One in-process `PolicyTrainer`, or `run.trainer_ranks` FSDP ranks on Ray (`TrainerGroup`)."""
     run, args = config.run, (policy_dir, config.grpo, config.optim, config.rollout.sampling(), pad_id)
@@ -140,11 +143,13 @@ class Learner:
     def head_acceptance(self, completions: list) -> dict:
         """When a head adapts online: per depth, the expected acceptance sum_x min(p, q) of the adapted
         head and of the head this process started from (frozen: the registered head on a fresh run, the
-        checkpoint's on a resume), against the current policy on `completions` (held-out rollouts), and
-        the acceptance length each implies (1 + a1 + a1 a2 + ...)."""
+        checkpoint's on a resume), against the current policy on the first `HEAD_ACCEPTANCE_ROLLOUTS` of
+        `completions` (held-out rollouts, the same ones at every evaluation), and the acceptance length each
+        implies (1 + a1 + a1 a2 + ...)."""
         kind = self.config.backend.draft_kind
         if self.draft is None or KINDS[kind].training != "head" or not completions:
             return {}
+        completions = completions[:HEAD_ACCEPTANCE_ROLLOUTS]
         if self.frozen_head is None:
             self.frozen_head = draft_trainer(kind, self.draft_dir, self.trainer.model, self.policy_dir,
                                              self.config.draft, self.config.rollout.sampling())

@@ -1,0 +1,105 @@
+"""Commands printed in the README and docs/*.md work: each `specrl ...` command, in a code block or a code
+span, parses with the real argument parser, and each `python -m specrl...` module exists and runs as a script.
+
+Usage notation is read as usage: `[...]` marks optional parts, `a|b` alternatives (the first is parsed),
+and an upper-case word (`B`, `RUN_DIR`, `FILE`) a value the reader fills in.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from specrl.cli import build_parser, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+SPAN = re.compile(r"`((?:\.venv/bin/)?specrl [^`]+)`")
+PLACEHOLDER = re.compile(r"[A-Z][A-Z_]*")
+
+
+def printed_commands(text: str) -> list[str]:
+    """The arguments of every `specrl` command a page prints (line continuations joined, comments dropped)."""
+    found = []
+    for block in FENCE.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            match = re.match(r"^(?:\S+=\S*\s+)*(?:\.venv/bin/)?specrl\s+(.*)$", line.split(" #")[0].strip())
+            if match:
+                found.append(match.group(1))
+    found += [span.split("specrl ", 1)[1] for span in SPAN.findall(FENCE.sub("", text))]
+    return [" ".join(command.split()) for command in found]
+
+
+def usage_to_argv(command: str) -> list[str]:
+    """`bench rollout --batch B [--k 3] --proposer a\\|b` -> ['bench', 'rollout', '--k', '3', '--proposer', 'a']:
+    brackets and ellipses dropped, the first alternative kept, a placeholder after a flag dropped with its flag,
+    and a positional placeholder filled with a dummy value."""
+    text = command.replace("[", " ").replace("]", " ").replace("...", " ")
+    text = re.sub(r"(\S+?)\\?\|\S+", r"\1", text)
+    argv = []
+    for token in shlex.split(text):
+        if PLACEHOLDER.fullmatch(token):
+            if argv and argv[-1].startswith("--"):
+                argv.pop()
+            else:
+                argv.append("placeholder")
+            continue
+        argv.append(token)
+    return argv
+
+
+class _Refused(Exception):
+    pass
+
+
+def check_parses(argv: list[str]) -> None:
+    parser = build_parser()
+
+    def refuse(self, message):
+        raise _Refused(message)
+
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = refuse
+    try:
+        parse(parser, argv)
+    finally:
+        argparse.ArgumentParser.error = original
+
+
+COMMANDS = [(page.name, command) for page in PAGES for command in printed_commands(page.read_text())]
+
+
+def test_the_pages_print_commands_at_all():
+    assert len(COMMANDS) > 50 and {"README.md", "tasks.md"} <= {page for page, _ in COMMANDS}
+
+
+@pytest.mark.parametrize("page, command", COMMANDS, ids=[f"{p}: {c[:60]}" for p, c in COMMANDS])
+def test_every_printed_specrl_command_parses(page, command):
+    try:
+        check_parses(usage_to_argv(command))
+    except _Refused as err:
+        pytest.fail(f"{page} prints `specrl {command}`, which the CLI refuses: {err}")
+
+
+def test_a_stale_command_is_caught():
+    with pytest.raises(_Refused, match="--no-such-flag"):
+        check_parses(usage_to_argv("bench rollout --model tiny --no-such-flag 3"))
+    with pytest.raises(_Refused, match="invalid choice"):
+        check_parses(usage_to_argv("bench rollout --proposer nothing"))
+
+
+MODULES = sorted({m for page in PAGES for m in re.findall(r"python -m (specrl[\w.]*)", page.read_text())})
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_printed_python_module_exists_and_runs_as_a_script(module):
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, f"`python -m {module}` is printed in the docs, and no such module exists"
+    source = Path(spec.origin).read_text()
+    assert 'if __name__ == "__main__"' in source or spec.submodule_search_locations, \
+        f"`python -m {module}` is printed in the docs, and the module does nothing as a script"
