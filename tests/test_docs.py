@@ -103,3 +103,16 @@ def test_every_printed_python_module_exists_and_runs_as_a_script(module):
     source = Path(spec.origin).read_text()
     assert 'if __name__ == "__main__"' in source or spec.submodule_search_locations, \
         f"`python -m {module}` is printed in the docs, and the module does nothing as a script"
+
+
+def test_specrl_train_help_lists_every_config_key_with_its_default_and_comment():
+    from specrl.pipeline.config import TrainConfig
+    from specrl.pipeline.config_reference import config_keys
+
+    keys = config_keys(TrainConfig)
+    undocumented = [key for key, _, comment in keys if not comment]
+    assert not undocumented, f"config keys without a comment to show in `specrl train --help`: {undocumented}"
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for key, default, _ in keys:
+        assert f"  {key} = {default!r}" in help_text
+    assert "task.reward = None  # one reward, or {name: weight}" in help_text

@@ -24,7 +24,7 @@ class BackendConfig(EngineConfig):
 
     SECTION: ClassVar[str] = "backend"
 
-    backend: Literal["embedded", "vllm"] = "embedded"
+    backend: Literal["embedded", "vllm"] = "embedded"  # embedded: specrl's PyTorch engine | vllm (docs/vllm.md)
     model: str = "tiny"  # a registered model name (tiny, smollm2-135m) or a checkpoint directory
     # none, or a kind of `specrl.speculation.proposer_registry`: ngram (prompt lookup) | suffix (sibling rollouts) |
     # draft (a draft model) | eagle3 | mtp (hidden-state heads) | int8 (the policy in int8) | hybrid

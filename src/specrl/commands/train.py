@@ -1,22 +1,27 @@
 """`specrl train`: GRPO with speculative rollouts; ends with one JSON line."""
 from __future__ import annotations
 
+import argparse
 import json
+import textwrap
 from pathlib import Path
 
 from specrl.backends.base import BackendConfig
 from specrl.commands.common import console, set_threads
 from specrl.pipeline.config import PRESETS, PipelineConfig, RunConfig, TrainConfig, load_config
+from specrl.pipeline.config_reference import keys_help
 from specrl.validation import choices
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="GRPO training with exact speculative rollouts",
-        description="Runs GRPO: generate (speculative, exact) -> reward -> train -> sync weights, one after another "
-                    "(--pipeline sync) or with Ray rollout actors generating while the trainer trains (--pipeline async). "
-                    "Config = --preset, then --config FILE (JSON), then key=value overrides with dotted keys, "
-                    "e.g. grpo.group_size=4 rollout.max_tokens=24 run.steps=10.")
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=keys_help(TrainConfig),
+        description=textwrap.fill(
+            "Runs GRPO: generate (speculative, exact) -> reward -> train -> sync weights, one after another "
+            "(--pipeline sync) or with Ray rollout actors generating while the trainer trains (--pipeline async). "
+            "Config = --preset, then --config FILE (JSON), then key=value overrides with dotted keys, "
+            "e.g. grpo.group_size=4 rollout.max_tokens=24 run.steps=10. Every key is listed below.", 100))
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named starting config")
     p.add_argument("--config", default=None, help="JSON file of config values")

@@ -68,7 +68,7 @@ class EngineConfig:
     # embedded engine, hidden-state heads: trees of up to this many candidate first tokens are among the
     # adaptive choices (1 = chains only); with adaptive=false every step is a tree of fixed_tree_width
     max_tree_width: int = within(3, "[1, inf)")
-    fixed_tree_width: int = within(1, "[1, inf)")
+    fixed_tree_width: int = within(1, "[1, inf)")  # with adaptive=false: every step's tree width (1 = a chain)
     max_model_len: int | None = within(None, "[2, inf)")  # prompt + response cap; None = the model's context
     # how a chain's drafts are accepted, both exact: block (jointly, `block_verify`; never fewer on average) |
     # token (one by one, `verify`); None = the backend's own: block on the embedded engine, token on vLLM

@@ -34,7 +34,7 @@ class RolloutConfig:
     temperature: float = within(1.0, "(0, inf)")  # > 0: RL needs sampled rollouts
     top_p: float = within(1.0, "(0, 1]")  # nucleus truncation; the trainer scores tokens under the same one
     top_k: int = within(0, "[0, inf)")  # keep the k most likely tokens (0 = all); the trainer applies it too
-    max_tokens: int = within(32, "[1, inf)")
+    max_tokens: int = within(32, "[1, inf)")  # response cap, in tokens
     prompts_per_step: int = within(8, "[1, inf)")  # distinct prompts per step; each sampled grpo.group_size times
 
     def __post_init__(self):
@@ -52,9 +52,9 @@ class RunConfig:
 
     SECTION: ClassVar[str] = "run"
 
-    steps: int = within(50, "[1, inf)")
-    seed: int = 0
-    run_dir: str = "runs/latest"
+    steps: int = within(50, "[1, inf)")  # GRPO steps (optimiser steps) of the run
+    seed: int = 0  # every random choice (problems, sampling) is a function of it
+    run_dir: str = "runs/latest"  # config.json, metrics.jsonl, tensorboard/, checkpoints/ and plots/ go here
     checkpoint_every: int = within(10, "[0, inf)")  # steps between checkpoints (and always at the end); 0 = only at the end
     threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
     # where the policy trainer runs (cuda without a CUDA device is an error, never a CPU fallback); rollouts run
@@ -63,7 +63,7 @@ class RunConfig:
     # the policy trainer as this many FSDP2 ranks on Ray (`pipeline.trainer_group`), each with threads / ranks
     # torch threads; the rollout batch must split evenly over them
     trainer_ranks: int = within(1, "[1, inf)")
-    tensorboard: bool = True
+    tensorboard: bool = True  # also write metrics to run_dir/tensorboard
     overwrite: bool = False  # a fresh run may replace an earlier run's checkpoints and metrics in run_dir
 
     def __post_init__(self):

@@ -43,8 +43,8 @@ class OptimConfig:
 
     SECTION: ClassVar[str] = "optim"
 
-    lr: float = within(1e-5, "(0, inf)")
-    weight_decay: float = within(0.0, "[0, inf)")
+    lr: float = within(1e-5, "(0, inf)")  # AdamW learning rate, constant
+    weight_decay: float = within(0.0, "[0, inf)")  # AdamW decoupled weight decay
     max_grad_norm: float = within(1.0, "[0, inf)")  # clip the global gradient norm; 0 = no clipping
     micro_batch_size: int = within(8, "[1, inf)")  # sequences per forward/backward
     # fp32, or bf16 autocast (forward and loss in bf16, master weights, gradients and AdamW state in fp32)
