@@ -78,3 +78,26 @@ def test_a_qwen3_checkpoint_folder_trains_on_a_users_dataset_with_its_chat_templ
         assert record["train"]["logprob_abs_error_max"] < 1e-4
     prompt = pipeline.learner.task.render(pipeline.learner.task[0], tokenizer)
     assert prompt.startswith("<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n0+0=?")
+
+
+def test_a_head_trained_for_a_qwen3_checkpoint_folder_drafts_its_grpo_rollouts(tmp_path):
+    """`specrl train-draft --kind eagle3 --target PATH`, then GRPO on a user's dataset with that head."""
+    from helpers import save_chat_tokenizer, save_random_checkpoint
+    from specrl.pipeline.config import load_config
+    from specrl.pipeline.loop import Pipeline
+
+    model, head = tmp_path / "qwen3", tmp_path / "head"
+    save_random_checkpoint(model, arch="qwen3", vocab=100)
+    save_chat_tokenizer(model)
+    subprocess.run([sys.executable, "-m", "specrl.cli", "train-draft", "--kind", "eagle3", "--target", str(model),
+                    "--out", str(head), "--prompts", "8", "--held-out-prompts", "2", "--max-new-tokens", "8",
+                    "--steps", "5", "--sample-batch", "4"], check=True, capture_output=True, timeout=600)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=?", "answer": str(2 * i)}) + "\n" for i in range(20)))
+    pipeline = Pipeline(load_config(overrides=[
+        f"backend.model={model}", "backend.proposer=eagle3", f"backend.draft={head}", "task.name=file",
+        f"task.path={data}", "task.eval_size=4", "rollout.max_tokens=8", "rollout.prompts_per_step=2",
+        "grpo.group_size=4", "run.steps=1", f"run.run_dir={tmp_path / 'run'}", "run.tensorboard=false"]))
+    summary = pipeline.run()
+    assert summary["acceptance_length"] > 1.0
+    assert pipeline.history[0]["train"]["logprob_abs_error_max"] < 1e-4
