@@ -272,7 +272,7 @@ def test_reported_proposer_time_is_modelled_apart_from_verification():
         choices = []  # the priced choices: not refreshes
         for step in range(40):
             k = controller.choose(batch)
-            if not controller.refreshing:
+            if controller.last.reason != "refresh":
                 choices.append(k)
             controller.observe(batch, k, verify(batch, k) + draft(batch, k),
                                [round(batch * acceptance ** (i + 1)) for i in range(k)], draft_seconds=draft(batch, k))
@@ -294,7 +294,7 @@ def test_trees_are_chosen_where_they_pay_and_only_at_small_batches():
         controller = SpeculationController(max_k=3, max_width=2)
         chosen = []
         for _ in range(60):
-            k, width = controller.choose_step(batch)
+            k, width, _ = controller.choose_step(batch)
             chosen.append((k, width))
             controller.observe(batch, k, cost(batch, k, width), accepted(batch, k, width), width=width)
         widths = {w for _, w in chosen[-10:]}
@@ -454,3 +454,38 @@ def test_the_first_step_after_a_prefill_is_not_fitted():
             controller.observe(32, k, cost(32, k) * (3 if step == 0 else 1), [32] * k)
     assert abs(controller.plain_times.predict(32, 0) / plain(32) - 1) < 0.01
     assert chosen[-200:].count(0) >= 197  # plain, but for the refreshes
+
+
+def test_every_choice_says_why_and_the_reasons_follow_the_rules():
+    """`choose_step` returns (k, width, reason); over a compute-bound drain the reasons run: explore (each
+    option once), priced-plain, then held for reprice_every - 1 steps, priced-plain again, and a refresh
+    after refresh_every plain steps. A fixed controller, one without drafts and a row with no room say so."""
+    from specrl.speculation.planner import REASONS
+
+    controller = SpeculationController(max_k=3)
+    cost = lambda b, k: 0.001 * b * (k + 1)  # noqa: E731  compute-bound: speculation never pays
+    reasons = []
+    for _ in range(80):
+        plan = controller.choose_step(16)
+        assert plan.reason in REASONS
+        assert plan.k == 0 or plan.reason in ("explore", "refresh", "priced")
+        reasons.append(plan.reason)
+        controller.observe(16, plan.k, cost(16, plan.k), [8] * plan.k)
+    first_priced = reasons.index("priced-plain")
+    assert set(reasons[:first_priced]) == {"explore"}
+    hold = controller.reprice_every - 1
+    assert reasons[first_priced + 1:first_priced + 1 + hold] == ["held"] * hold
+    assert reasons[first_priced + 1 + hold] == "priced-plain" and "refresh" in reasons
+    assert SpeculationController(max_k=3, adaptive=False, fixed_width=1).choose_step(4) == (3, 1, "fixed")
+    assert SpeculationController(max_k=0).choose_step(4) == (0, 1, "off")
+    assert SpeculationController(max_k=3).choose_step(4, room=1) == (0, 1, "no-room")
+
+
+def test_the_engine_counts_its_steps_by_the_planners_reason():
+    from specrl.backends import BackendConfig, make_backend
+    from specrl.sampling import SamplingParams
+    from specrl.speculation.planner import REASONS
+
+    engine = make_backend(BackendConfig(model="tiny", proposer="ngram"))
+    result = engine.generate(["Q:12+34\nA:"] * 4, SamplingParams(n=2, max_tokens=12, seed=0))
+    assert sum(result.plan_reasons.values()) == result.steps and set(result.plan_reasons) <= set(REASONS)

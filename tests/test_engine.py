@@ -18,7 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 from helpers import save_random_checkpoint
-from specrl.speculation.planner import SpeculationController
+from specrl.speculation.planner import SpeculationController, StepPlan
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_state_dict
 from specrl.models.kv_cache import KVCache, retired_rows_order
@@ -286,8 +286,9 @@ def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, dr
     schedule = iter([3, 0, 2, 0, 1] * 40)
 
     class Scripted(SpeculationController):
-        def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
-            return next(schedule), 1
+        def choose_step(self, batch: int, room: int | None = None, generated=None) -> StepPlan:
+            self.last = StepPlan(next(schedule), 1, "scripted")
+            return self.last
 
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     base = make_engine(target_dir).generate(PROMPTS, params)

@@ -30,7 +30,7 @@ import torch
 from scipy.stats import kstest
 
 from specrl.bench.exactness_bench import exact_terms
-from specrl.speculation.planner import SpeculationController
+from specrl.speculation.planner import SpeculationController, StepPlan
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_causal_lm, load_tokenizer
 from specrl.models.llama import LlamaModel
@@ -60,9 +60,10 @@ class Scripted(SpeculationController):
         super().__init__(max_k=max(k for k, _ in schedule), max_width=max(w for _, w in schedule))
         self.schedule, self.step = schedule, 0
 
-    def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
+    def choose_step(self, batch: int, room: int | None = None, generated=None) -> StepPlan:
         self.step += 1
-        return self.schedule[(self.step - 1) % len(self.schedule)]
+        self.last = StepPlan(*self.schedule[(self.step - 1) % len(self.schedule)], "scripted")
+        return self.last
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,8 @@ class GenerateResult:
     weight_update_seconds: float = 0.0  # spent loading them and recomputing the live rows' caches
     cached_prompt_tokens: int = 0  # prompt tokens whose K/V were copied, not prefilled (embedded: from the prefix
     # cache, or from the call's first prompt where all its prompts begin alike)
+    # steps per reason the planner gave for its choice (`speculation.planner.REASONS`; the embedded engine only)
+    plan_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

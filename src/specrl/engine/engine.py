@@ -5,7 +5,7 @@ One `generate` call:
                with the last call's first prompt are copied from the prefix cache, `prefix_cache.py`),
                then its KV rows are copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
-    choose k   k, w = controller.choose_step(live batch, room, generated)  (k = 0 plain; w > 1 a tree)
+    choose k   k, w, reason = controller.choose_step(live batch, room, generated)  (k = 0 plain; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
                (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
@@ -120,6 +120,7 @@ class CallState:
     spec: SpecStats = field(default_factory=SpecStats)
     k_histogram: dict[int, int] = field(default_factory=dict)
     width_histogram: dict[int, int] = field(default_factory=dict)  # speculative steps run with each tree width
+    plan_reasons: dict[str, int] = field(default_factory=dict)  # steps per reason the planner gave
     steps: int = 0
     draft_seconds: float = 0.0  # inside the proposer, whole call
     verify_seconds: float | None = None  # the last step's time outside the proposer
@@ -201,9 +202,11 @@ class RolloutEngine:
                     self._between_steps(batch, call, between_steps)
         finally:
             self.generating = False
-        return GenerateResult(call.outputs, call.spec, time.perf_counter() - start, call.steps, call.k_histogram,
-                              call.draft_seconds, call.width_histogram, call.trace, call.weight_updates,
-                              call.weight_update_seconds, call.cached_prompt_tokens)
+        return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,
+                              steps=call.steps, k_histogram=call.k_histogram, draft_seconds=call.draft_seconds,
+                              width_histogram=call.width_histogram, trace=call.trace,
+                              weight_updates=call.weight_updates, weight_update_seconds=call.weight_update_seconds,
+                              cached_prompt_tokens=call.cached_prompt_tokens, plan_reasons=call.plan_reasons)
 
     def _between_steps(self, batch: LiveBatch, call: CallState, hook: Callable[[], None]) -> None:
         """Run the hook (outside inference mode: a weight load is the same as between calls); if it loaded
@@ -306,7 +309,9 @@ class RolloutEngine:
         speculating = self.controller.max_k > 0  # else nothing reads the controller's fits: it is not fed
         generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
         room = call.params.max_tokens - int(generated.min()) if speculating else None
-        k, width = self.controller.choose_step(B, room, generated)
+        plan = self.controller.choose_step(B, room, generated)
+        k, width = plan.k, plan.width
+        call.plan_reasons[plan.reason] = call.plan_reasons.get(plan.reason, 0) + 1
         tree = TreeShape(width, k) if width > 1 else None
         proposal, draft_seconds = self._propose(batch, call, k, width)
         probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)

@@ -69,6 +69,7 @@ class RolloutResult:
     seconds: dict[str, float] = field(default_factory=dict)
     weight_updates: int = 0  # versions adopted in flight, during this request
     trace: list = field(default_factory=list)  # the batch's drain (`GenerateResult.trace`)
+    plan_reasons: dict[str, int] = field(default_factory=dict)  # steps per planner reason (`GenerateResult`)
 
 
 class RolloutWorker:
@@ -110,7 +111,8 @@ class RolloutWorker:
         return RolloutResult(request, groups, result.spec, result.k_histogram, result.num_tokens,
                              {"weight_load": load_seconds + result.weight_update_seconds,
                               "generation": result.seconds - result.weight_update_seconds,
-                              "reward": time.perf_counter() - start}, result.weight_updates, result.trace)
+                              "reward": time.perf_counter() - start}, result.weight_updates, result.trace,
+                             result.plan_reasons)
 
     def evaluate(self, seed: int) -> tuple[dict, list]:
         """Held-out pass@k (`pipeline.evaluation`) of the newest weights: (result with its policy_version,

@@ -115,6 +115,7 @@ class Pipeline:
         self.in_flight_updates = 0  # versions adopted by running requests (pipeline.weight_updates=step)
         self.rollout_seconds: Counter[str] = Counter()  # the workers' stages: generation, weight_load, reward
         self._since_step: list[RolloutResult] = []  # results ingested since the last record
+        self.plan_reasons: Counter[str] = Counter()  # engine steps per planner reason, over the run
 
     @property
     def history(self) -> list[dict]:
@@ -218,10 +219,12 @@ class Pipeline:
 
     def _record(self, step: int, groups: list[Group], stats: dict, extra: dict) -> dict:
         results, self._since_step = self._since_step, []
-        spec, k_histogram = SpecStats(), Counter()
+        spec, k_histogram, reasons = SpecStats(), Counter(), Counter()
         for result in results:
             spec.merge(result.spec)
             k_histogram.update(result.k_histogram)
+            reasons.update(result.plan_reasons)
+        self.plan_reasons.update(reasons)
         tokens = sum(r.num_tokens for r in results)
         seconds = sum(r.seconds["generation"] for r in results)
         updates = sum(r.weight_updates for r in results)
@@ -232,6 +235,7 @@ class Pipeline:
         extra = {**extra, "rollout_seconds": {name: sum(r.seconds.get(name, 0.0) for r in results)
                                               for name in ("generation", "weight_load", "reward")},
                  "in_flight_weight_updates": updates, "dropped_total": len(self.buffer.dropped),
+                 "plan_reasons": dict(reasons),
                  "buffered": len(self.buffer), "in_flight_groups": self.in_flight_groups()}
         if results and results[0].trace:
             extra["drain"] = results[0].trace  # the live batch and k over one request
@@ -280,5 +284,6 @@ class Pipeline:
             "rollout_timing": dict(self.rollout_seconds), "weight_updates": self.config.pipeline.weight_updates,
             "in_flight_weight_updates": self.in_flight_updates,
             "dynamic_sampling_extra_generations": len(self.buffer.filtered) * self.config.grpo.group_size,
+            "plan_reasons": dict(self.plan_reasons),
             **self.source.summary(), "requests_reissued": self.reissued, "groups": self.ledger(),
         }

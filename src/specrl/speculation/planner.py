@@ -27,7 +27,8 @@ exploring at `tiny`'s batch 64 (each such step cost 5-10 plain ones).
 Trees (`speculation.tree`: w candidate first tokens, each with its own chain of k - 1 drafts) are
 options too when the proposer drafts them (`max_width` > 1) and the step stays small (B * (1 + w k)
 <= `max_tree_rows` tokens): the same rate, with tau measured per width and the verify model fed the
-tree's w * k extra tokens per row. `choose_step` returns (k, w); `choose` the chain-only k.
+tree's w * k extra tokens per row. `choose_step` returns a `StepPlan` (k, w and the reason, one of
+`REASONS`); `choose` the chain-only k.
 
 T(B, k), the wall time of a whole step, comes from linear models fitted to the steps run so far, by
 least squares with exponential forgetting (recent steps weigh more):
@@ -122,6 +123,7 @@ import math
 import operator
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -242,6 +244,27 @@ class StepTimeModel:
         return max(sum(map(operator.mul, features, self.coef)), 0.0)
 
 
+class StepPlan(NamedTuple):
+    """One step's decision: k drafts (0 = plain decoding), the tree width (1 = a chain) and why (`REASONS`)."""
+
+    k: int
+    width: int
+    reason: str
+
+
+REASONS = {  # why `choose_step` chose a step; the engine counts them per call (`GenerateResult.plan_reasons`)
+    "off": "no proposer: every step decodes plainly",
+    "fixed": "adaptive K is off: every step runs max_k drafts (as a tree of fixed_width)",
+    "no-room": "no live row may emit a token past the next one before max_tokens, so no draft could be kept",
+    "held": "plain decoding was priced best at this batch size lately and stands, unpriced, for reprice_every steps",
+    "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance",
+    "explore": "an option not yet measured at this batch size runs so that it can be priced",
+    "plain-fit": "a plain step among speculative ones keeps the plain step's time fit current",
+    "priced-plain": "priced: no option beats plain decoding's expected tokens per second by min_gain",
+    "priced": "priced: this option's expected tokens per second beat plain decoding's by min_gain",
+}
+
+
 @dataclass
 class SpeculationController:
     max_k: int  # largest K tried
@@ -277,7 +300,6 @@ class SpeculationController:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        self.holding = False  # the step just chosen is one of those
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.use_sampling(None)
         self.off_streak = 0  # consecutive steps run with k = 0
@@ -291,7 +313,7 @@ class SpeculationController:
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
-        self.refreshing = False  # the step just chosen is a refresh
+        self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
 
@@ -393,34 +415,39 @@ class SpeculationController:
         k, w = option
         return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
 
-    def choose_step(self, batch: int, room: int | None = None, generated=None) -> tuple[int, int]:
+    def choose_step(self, batch: int, room: int | None = None, generated=None) -> StepPlan:
         """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding. `room`: the
         most tokens any live row may still emit (max_tokens less what it has); no step drafts past it.
         `generated`: the tokens each live row has generated (a tensor or list; read only where the step is
-        priced), so that each row's chance to stop is its own (module docstring); without it, the one rate."""
-        if not self.adaptive or self.max_k == 0:
-            return self.max_k, self.fixed_width
+        priced), so that each row's chance to stop is its own (module docstring); without it, the one rate.
+        The plan is also kept as `last`, which `observe` reads."""
+        self.last = self._choose(batch, room, generated)
+        return self.last
+
+    def _choose(self, batch: int, room: int | None, generated) -> StepPlan:
+        if self.max_k == 0:
+            return StepPlan(0, 1, "off")
+        if not self.adaptive:
+            return StepPlan(self.max_k, self.fixed_width, "fixed")
         if room is not None and room <= 1:  # no draft could be kept
-            return 0, 1
+            return StepPlan(0, 1, "no-room")
         if self._plain_holds.get(batch.bit_length()):  # priced in this range lately, and plain decoding chosen
             self._plain_holds[batch.bit_length()] -= 1
-            self.holding = True
-            return 0, 1
+            return StepPlan(0, 1, "held")
         refresh = min(self.max_k, self.refresh_k), 1
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
                 and self._could_pay(refresh, batch, cheapest_drafts=True):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
-            self.refreshing = True
-            return refresh
+            return StepPlan(*refresh, "refresh")
         if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
             allowed = self._allowed_options(batch, room)
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
                 if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)):
-                    return option
+                    return StepPlan(*option, "explore")
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
-            return 0, 1  # the first after a speculative step is not measured (`observe`)
+            return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
         allowed = self._allowed_options(batch, room)
         if batch.bit_length() in self._drafted_ranges:
             speculative = [self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
@@ -432,13 +459,13 @@ class SpeculationController:
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if not best:  # plain wherever the rows are: it stands
             self._plain_holds[batch.bit_length()] = self.reprice_every - 1
-            return allowed[0]
+            return StepPlan(*allowed[0], "priced-plain")
         if generated is not None:
             curves = self._expected_curves(self._go_on(generated))
             best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)
         if best:
             self.refresh_wait = self.refresh_every
-        return allowed[best]
+        return StepPlan(*allowed[best], "priced" if best else "priced-plain")
 
     def _allowed_options(self, batch: int, room: int | None) -> list[tuple[int, int]]:
         """The options allowed at this batch size and room, plain decoding first, listed once per size and
@@ -498,10 +525,10 @@ class SpeculationController:
         first, self._after_prefill = self._after_prefill, False
         if k and not self._drafted:  # the first speculative step pays one-time costs (module docstring)
             first, self._drafted = True, True
-        if self.holding:  # plain decoding chosen unpriced is not fitted either (`reprice_every`), but it is a plain
-            if not first and not self._last_k:  # step at this size (`plain_seconds`)
+        if self.last.reason == "held":  # plain decoding chosen unpriced is not fitted either (`reprice_every`), but
+            if not first and not self._last_k:  # it is a plain step at this size (`plain_seconds`)
                 self._measured_plain(batch, seconds)
-            self.holding, self._last_k = False, 0
+            self._last_k = 0
             return
         after_speculation, self._last_k = self._last_k > 0, k
         if k:
@@ -523,5 +550,4 @@ class SpeculationController:
             here = batch.bit_length()
             self._cheapest_pass[here] = min(self._cheapest_pass.get(here, math.inf), draft_seconds / (k * width))
             self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
-                                                           self.refresh_weight if self.refreshing else None)
-        self.refreshing = False
+                                                           self.refresh_weight if self.last.reason == "refresh" else None)
