@@ -1,4 +1,4 @@
-"""Writes sums.jsonl: 200 one-step word problems (two-term sums and differences), answers as numbers.
+"""Writes sums.jsonl: 200 one-step word problems (a number below 40 and a one-digit number added), answers as numbers.
 
     python examples/sums/make_dataset.py        # the file is committed; this remakes it, the same each time
 """
@@ -12,13 +12,9 @@ THINGS = ["apples", "stamps", "marbles", "books", "coins", "shells", "cards", "p
 
 def problem(rng: random.Random) -> dict:
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
-    a, b = rng.randint(2, 60), rng.randint(2, 40)
-    if rng.random() < 0.5:
-        return {"question": f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have now?",
-                "answer": str(a + b)}
-    a = a + b  # no negative answers
-    return {"question": f"{name} has {a} {thing} and gives away {b}. How many {thing} does {name} have left?",
-            "answer": str(a - b)}
+    a, b = rng.randint(2, 39), rng.randint(2, 9)
+    return {"question": f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have now?",
+            "answer": str(a + b)}
 
 
 if __name__ == "__main__":

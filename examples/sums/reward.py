@@ -1,13 +1,15 @@
-"""The example's own reward: a small bonus for answering in the requested format.
+"""The example's own reward: a bonus for ending with the answer sentence the instruction asks for.
 
-specrl calls it as `tagged(response, example)` (`task.reward` names it as `examples/sums/reward.py:tagged`);
-the response is the model's text, only ever read, and `example` is the problem's row from sums.jsonl.
+specrl calls it as `answer_sentence(response, example)` (`task.reward` names it as
+`examples/sums/reward.py:answer_sentence`); the response is the model's text, only ever read, and
+`example` is the problem's row from sums.jsonl.
 """
 import re
 
-_TAGGED = re.compile(r"<answer>\s*[-\d.,/ ]+\s*</answer>")
+_ANSWER_SENTENCE = re.compile(r"the answer is:? \$?-?\d+(?:\.\d+)?\.?\s*$", re.IGNORECASE)
 
 
-def tagged(response: str, example: dict) -> float:
-    """1.0 when the response holds its answer as a number inside <answer></answer>, else 0.0."""
-    return 1.0 if _TAGGED.search(response) else 0.0
+def answer_sentence(response: str, example: dict) -> float:
+    """1.0 when the response ends with "The answer is N." (any case, an optional colon) for a number N, right or
+    wrong, else 0.0."""
+    return 1.0 if _ANSWER_SENTENCE.search(response) else 0.0
