@@ -8,7 +8,8 @@ example by default). Both sides get the same model weights, training problems in
 prompts (the task's chat messages through the tokenizer's chat template), rewards (the task's
 own named rewards with their weights, a raising user function scoring 0 on both), group size,
 prompts per step, response cap, temperature, learning rate (constant, AdamW), gradient clipping,
-micro-batch size, clip range, KL coefficient (0), token-mean loss (TRL's `dapo`) and steps. specrl
+micro-batch size, clip range, KL coefficient (0), token-mean loss (TRL's `dapo`), no gradient
+checkpointing (TRL's default turns it on) and steps. specrl
 runs its preset's defaults (its drafts and their online adaptation included); TRL generates
 with `transformers.generate`, as it does without vLLM. The runs alternate which goes first
 across rounds; each step's time is the optimiser step's wall time, on the same torch threads.
@@ -107,7 +108,7 @@ def trl_arguments(config: TrainConfig, output_dir: str):
         scale_rewards="group" if grpo.scale_advantages else "none",
         importance_sampling_level=grpo.ratio_level, mask_truncated_completions=grpo.overlong == "filter",
         reward_weights=list(make_task(config.task).rewards.weights.values()), disable_dropout=True,
-        dataloader_num_workers=0)
+        gradient_checkpointing=False, dataloader_num_workers=0)  # TRL's default recomputes activations; specrl does not
 
 
 def run_trl(config: TrainConfig, output_dir: str) -> tuple[dict, dict]:
