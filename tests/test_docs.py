@@ -116,3 +116,11 @@ def test_specrl_train_help_lists_every_config_key_with_its_default_and_comment()
     for key, default, _ in keys:
         assert f"  {key} = {default!r}" in help_text
     assert "task.reward = None  # one reward, or {name: weight}" in help_text
+
+
+def test_the_planners_reasons_table_is_the_planners_own():
+    from specrl.speculation.planner import REASONS
+
+    page = (ROOT / "docs" / "drafters.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| (.+?) \|$", page[page.index("| reason | the step |"):], re.M))
+    assert rows == REASONS
