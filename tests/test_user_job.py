@@ -35,9 +35,9 @@ def test_a_users_dataset_and_reward_train_and_evaluate_from_the_command_line(tmp
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for record in records:
         parts = record["rewards"]
-        assert set(parts) == {"numeric", f"{rewards}:odd_fails"}
-        assert record["reward_mean"] == pytest.approx(parts["numeric"] + 0.1 * parts[f"{rewards}:odd_fails"])
-    errors = sum(r.get("reward_errors", {}).get(f"{rewards}:odd_fails", 0) for r in records)
+        assert set(parts) == {"numeric", "my_reward.py:odd_fails"}
+        assert record["reward_mean"] == pytest.approx(parts["numeric"] + 0.1 * parts["my_reward.py:odd_fails"])
+    errors = sum(r.get("reward_errors", {}).get("my_reward.py:odd_fails", 0) for r in records)
     assert errors > 0 and "raised ValueError: odd length" in train.stderr
     assert records[-1]["eval"]["problems"] == 10
     evaluated = subprocess.run(common + ["eval", str(run_dir), "--threads", "1"],

@@ -86,8 +86,14 @@ def test_weighted_rewards_sum_and_each_part_is_kept(tmp_path):
     module.write_text("def short(response, example):\n    return 1.0 if len(response) < 10 else 0.0\n")
     task = file_task(write_jsonl(tmp_path / "d.jsonl", ROWS), reward={"math": 1.0, f"{module}:short": 0.25})
     score = task.score("\\boxed{4}", task[2])
-    assert score.reward == 1.25 and score.parts == {"math": 1.0, f"{module}:short": 1.0} and score.error is None
+    assert score.reward == 1.25 and score.parts == {"math": 1.0, "my_rewards.py:short": 1.0} and score.error is None
     assert task.score("a long answer of 5", task[2]).reward == 0.0
+
+
+def test_file_paths_are_kept_absolute_so_a_run_finds_them_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = TaskConfig(name="file", path="d.jsonl", reward={"math": 1, "r.py:f": 0.5})
+    assert config.path == str(tmp_path / "d.jsonl") and config.reward == {"math": 1, f"{tmp_path}/r.py:f": 0.5}
 
 
 def test_a_reward_function_by_module_name_receives_the_row(tmp_path, monkeypatch):
@@ -105,12 +111,12 @@ def test_a_raising_reward_scores_zero_with_its_reason_and_a_non_finite_one_is_an
     path = write_jsonl(tmp_path / "d.jsonl", ROWS)
     task = file_task(path, reward={"math": 1, f"{module}:flaky": 1})
     score = task.score("", task[0])
-    assert score.parts[f"{module}:flaky"] == 0.0 and score.error == (f"{module}:flaky",
-                                                                      "ZeroDivisionError: division by zero")
+    assert score.parts["flaky.py:flaky"] == 0.0 and score.error == ("flaky.py:flaky",
+                                                                     "ZeroDivisionError: division by zero")
     assert task.score("ab", task[0]).reward == 0.5
     for name, shown in (("bad", "nan"), ("text", "'yes'")):
         task = file_task(path, reward=f"{module}:{name}")
-        with pytest.raises(ValueError, match=f"task.reward '.*:{name}' returned {shown}, not a finite number, for "
+        with pytest.raises(ValueError, match=f"task.reward 'flaky.py:{name}' returned {shown}, not a finite number, for "
                                              "the response 'x' to the example .*What is 0"):
             task.score("x", task[0])
 

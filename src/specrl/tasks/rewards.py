@@ -49,20 +49,17 @@ def _import_function(spec: str) -> RewardFn:
     where, _, name = spec.rpartition(":")
     if not where or not name.isidentifier():
         raise ValueError(f"task.reward {spec!r}: a reward function is written MODULE:FUNCTION or PATH.py:FUNCTION")
+    if where.endswith(".py") and not Path(where).is_file():
+        raise ValueError(f"task.reward {spec!r}: no file {where}")
     try:
         if where.endswith(".py"):
-            path = Path(where)
-            if not path.is_file():
-                raise ValueError(f"task.reward {spec!r}: no file {path}")
-            module_spec = importlib.util.spec_from_file_location(f"specrl_user_reward_{path.stem}", path)
+            module_spec = importlib.util.spec_from_file_location(f"specrl_user_reward_{Path(where).stem}", where)
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.append(str(Path.cwd()))
             module = importlib.import_module(where)
-    except ValueError:
-        raise
     except Exception as err:  # noqa: BLE001 - an import error of the user's module, named with its cause
         raise ValueError(f"task.reward {spec!r}: importing {where} failed: {type(err).__name__}: {err}") from err
     function = getattr(module, name, None)
@@ -76,6 +73,26 @@ def _import_function(spec: str) -> RewardFn:
     except ValueError:  # a builtin without a signature: it is called as it is
         pass
     return function
+
+
+def absolute_reward_files(reward: str | dict | None) -> str | dict | None:
+    """`task.reward` with each PATH.py:FUNCTION's path made absolute (against the current directory), so a run's
+    saved config, its rollout actors and `specrl eval RUN_DIR` find the file from anywhere."""
+    def absolute(name: str) -> str:
+        where, _, function = name.rpartition(":")
+        return f"{Path(where).absolute()}:{function}" if where.endswith(".py") else name
+
+    if isinstance(reward, str):
+        return absolute(reward)
+    if isinstance(reward, dict):
+        return {absolute(name): weight for name, weight in reward.items()}
+    return reward
+
+
+def short_name(name: str) -> str:
+    """How a reward is named in scores and logs: a file's function by the file's name (`reward.py:tagged`)."""
+    where, _, function = name.rpartition(":")
+    return f"{Path(where).name}:{function}" if where.endswith(".py") else name
 
 
 def reward_weights(reward: str | dict | None, default: str) -> dict[str, float]:
@@ -97,7 +114,10 @@ class Rewards:
     `answer_field` is where the built-in verifiers find the gold answer in an example."""
 
     def __init__(self, weights: dict[str, float], own: RewardFn | None, answer_field: str, tolerance: float):
-        self.weights = weights
+        shown = {name: short_name(name) for name in weights}
+        if len(set(shown.values())) < len(shown):  # two files of one name: show the paths
+            shown = {name: name for name in weights}
+        self.weights = {shown[name]: weight for name, weight in weights.items()}  # by the names the logs show
         self.functions: dict[str, RewardFn] = {}
         for name in weights:
             if name == "task":
@@ -109,12 +129,12 @@ class Rewards:
                 verifier = VERIFIERS[name]
                 self.functions[name] = self._gold_reader(name, verifier, answer_field, tolerance)
             elif ":" in name:
-                self.functions[name] = _import_function(name)
+                self.functions[shown[name]] = _import_function(name)
             else:
                 raise ValueError(f"task.reward: unknown verifier {name!r}; the built-in ones are "
                                  f"{sorted(VERIFIERS)} ('task' for the task's own), or name a function as "
                                  "MODULE:FUNCTION or PATH.py:FUNCTION")
-        self.user_functions = {name for name in weights if ":" in name}
+        self.user_functions = {shown[name] for name in weights if ":" in name}
         self.reads_answer = {name for name in weights if name in VERIFIERS}  # they need the example's answer
 
     @staticmethod

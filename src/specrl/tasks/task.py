@@ -14,9 +14,10 @@ dataset, `tasks.file_dataset`) or a reasoning-gym dataset; its rewards are `task
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
-from specrl.tasks.rewards import Rewards, Score, reward_weights
+from specrl.tasks.rewards import Rewards, Score, absolute_reward_files, reward_weights
 from specrl.validation import check_fields, within
 
 
@@ -51,6 +52,12 @@ class TaskConfig:
 
     def __post_init__(self):
         check_fields(self)
+        # files are named as given and kept absolute: a run's saved config, its rollout actors and `specrl eval
+        # RUN_DIR` find them from any directory
+        for key in ("path", "eval_path"):
+            if getattr(self, key) is not None:
+                object.__setattr__(self, key, str(Path(getattr(self, key)).absolute()))
+        object.__setattr__(self, "reward", absolute_reward_files(self.reward))
         if (self.name == "file") != (self.path is not None):
             raise ValueError("task.path names the dataset file of task.name=file, and only of it"
                              if self.path is not None else "task.name=file needs task.path=PATH (a .jsonl, .json, "
