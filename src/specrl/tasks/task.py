@@ -109,13 +109,13 @@ class HeldOutTail:
                              f"{trained_positions} problems this run trains on; raise task.size or lower eval.prompts")
 
 
-def chat_messages(messages: list[dict], config: TaskConfig, separator: str = "\n") -> list[dict]:
+def chat_messages(messages: list[dict], config: TaskConfig) -> list[dict]:
     """Messages (a text problem is one user message) with `task.system_prompt` put first and `task.instruction`
-    added to the last user message."""
+    added to the last user message, on a new line."""
     messages = [dict(m) for m in messages]
     if config.instruction:
         users = [m for m in messages if m["role"] == "user"] or messages
-        users[-1]["content"] = f"{users[-1]['content']}{separator}{config.instruction}"
+        users[-1]["content"] = f"{users[-1]['content']}\n{config.instruction}"
     if config.system_prompt:
         messages.insert(0, {"role": "system", "content": config.system_prompt})
     return messages
