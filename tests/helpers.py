@@ -95,7 +95,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def save_chat_tokenizer(path) -> "transformers.PreTrainedTokenizerFast":
+def save_chat_tokenizer(path):
     """A character-level fast tokenizer over printable ASCII with a ChatML chat template, saved to `path`
     (what a Hugging Face checkpoint folder holds); its vocabulary is 100 ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders

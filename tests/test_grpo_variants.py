@@ -30,7 +30,7 @@ def test_gspo_loss_and_gradient_match_the_closed_form():
     adv = torch.tensor([1.5, 2.0])
     loss, stats = grpo_loss(logprobs, behaviour, adv, mask, GSPO)
     loss.backward()
-    s0, s1 = math.exp(0.01), math.exp(0.3)
+    s0 = math.exp(0.01)  # seq 1's exp(0.3) is past 1.1
     # S_i = min(s A, clip(s) A); seq 1 has A > 0 and s > 1.1: the clipped branch, no gradient
     assert loss.item() == pytest.approx(-(s0 * 1.5 + 1.1 * 2.0) / 2, rel=1e-6)
     # dS_0/dl_t = A s_0 / L_0, then the sequence mean's 1/N

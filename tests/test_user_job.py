@@ -27,7 +27,7 @@ def test_a_users_dataset_and_reward_train_and_evaluate_from_the_command_line(tmp
     run_dir = tmp_path / "run"
     common = [sys.executable, "-m", "specrl.cli"]
     train = subprocess.run(common + [
-        "train", "--preset", "tiny", f"task.name=file", f"task.path={data}", "task.template=none",
+        "train", "--preset", "tiny", "task.name=file", f"task.path={data}", "task.template=none",
         "task.eval_size=10", f'task.reward={{"numeric": 1, "{rewards}:odd_fails": 0.1}}', "run.steps=2",
         f"run.run_dir={run_dir}", "rollout.prompts_per_step=4", "grpo.group_size=4", "run.tensorboard=false",
         "eval.every=2", "eval.prompts=10"], capture_output=True, text=True, timeout=600)

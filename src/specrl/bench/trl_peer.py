@@ -89,8 +89,8 @@ def run_specrl(config: TrainConfig) -> dict:
                         [r["rollout_tokens"] for r in history], [r["reward_mean"] for r in history])
 
 
-def trl_arguments(config: TrainConfig, output_dir: str):
-    """TRL's GRPOConfig for the same job (see the module docstring)."""
+def trl_arguments(config: TrainConfig, output_dir: str, reward_weights: list[float]):
+    """TRL's GRPOConfig for the same job (see the module docstring), with the task's reward weights."""
     from trl import GRPOConfig
 
     rollout, grpo, optim = config.rollout, config.grpo, config.optim
@@ -107,7 +107,7 @@ def trl_arguments(config: TrainConfig, output_dir: str):
         epsilon=grpo.clip_low, epsilon_high=grpo.clip_high, loss_type="dapo", num_iterations=1,
         scale_rewards="group" if grpo.scale_advantages else "none",
         importance_sampling_level=grpo.ratio_level, mask_truncated_completions=grpo.overlong == "filter",
-        reward_weights=list(make_task(config.task).rewards.weights.values()), disable_dropout=True,
+        reward_weights=reward_weights, disable_dropout=True,
         gradient_checkpointing=False, dataloader_num_workers=0)  # TRL's default recomputes activations; specrl does not
 
 
@@ -131,7 +131,7 @@ def run_trl(config: TrainConfig, output_dir: str) -> tuple[dict, dict]:
 
     model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32, use_safetensors=True,
                                                  trust_remote_code=False)
-    args = trl_arguments(config, output_dir)
+    args = trl_arguments(config, output_dir, list(task.rewards.weights.values()))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_of(n) for n in task.rewards.weights],
                           args=args, train_dataset=dataset, processing_class=tokenizer)
     generation = [0.0]
