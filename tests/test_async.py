@@ -30,7 +30,7 @@ from specrl.pipeline.loop import Pipeline
 pytestmark = pytest.mark.ray
 
 SMALL = ["rollout.prompts_per_step=4", "grpo.group_size=4", "rollout.max_tokens=12", "run.tensorboard=false",
-         "optim.lr=1e-3", "optim.micro_batch_size=8", "backend.adaptive=false", "backend.proposer=ngram",
+         "optim.lr=1e-3", "backend.adaptive=false", "backend.proposer=ngram",
          "run.checkpoint_every=0"]
 
 

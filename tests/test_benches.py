@@ -83,13 +83,14 @@ def test_the_verify_cost_bench_times_every_shape_and_ends_with_its_json_line(cap
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
 
 
-def test_the_trainer_step_bench_times_each_precision_and_ends_with_its_json_line(capsys):
+def test_the_trainer_step_bench_times_packed_against_padded_and_ends_with_its_json_line(capsys):
     from specrl.bench.trainer_step import main
 
-    summary = main(["--device", "cpu", "--models", "tiny", "--sequences", "2", "--prompt-tokens", "4",
-                    "--response-tokens", "4", "--rounds", "1"])
-    assert [r["precision"] for r in summary["rows"]] == ["fp32", "bf16"]
-    assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in summary["rows"])
+    summary = main(["--device", "cpu", "--model", "tiny", "--prompts", "2", "--group-size", "3", "--prompt-tokens",
+                    "6", "--response-tokens", "2,5", "--rounds", "1", "--padded-micro-batch", "2"])
+    assert summary["padded_step_s"] > 0 and summary["packed_step_s"] > 0 and summary["speedup_median"] > 0
+    # 2 prompts of 6 tokens computed once each instead of 3 times; the head runs only at response positions
+    assert summary["packed_tokens"] == 2 * 6 + summary["packed_head_positions"] < summary["padded_tokens"]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
 
 
@@ -118,8 +119,8 @@ def test_the_trl_bench_runs_one_job_under_both_frameworks_with_the_same_settings
         "backend": {"model": str(model), "proposer": "ngram"},
         "task": {"name": "file", "path": str(data), "eval_size": 4, "reward": "numeric"},
         "rollout": {"max_tokens": 6, "prompts_per_step": 2, "temperature": 1.0},
-        "grpo": {"group_size": 4}, "optim": {"lr": 1e-4, "micro_batch_size": 4}}))
-    out = run_trl_bench(TRLBenchConfig(preset="tiny", config=str(config), steps=2, threads=1))
+        "grpo": {"group_size": 4}, "optim": {"lr": 1e-4}}))
+    out = run_trl_bench(TRLBenchConfig(preset="tiny", config=str(config), steps=2, threads=1, trl_micro_batch=4))
     for side in ("specrl", "trl"):
         assert out[side]["step_seconds"] > 0 and out[side]["rollout_tokens_per_s"] > 0
         assert len(out[side]["reward_per_step"]) == 2

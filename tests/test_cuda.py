@@ -20,7 +20,8 @@ from specrl.backends.base import BackendConfig
 from specrl.backends.embedded import EmbeddedBackend
 from specrl.models.registry import resolve_checkpoint
 from specrl.rl.grpo import GRPOConfig
-from specrl.rl.trainer import OptimConfig, PolicyTrainer, token_logprobs
+from specrl.rl.padded_reference import padded_token_logprobs
+from specrl.rl.trainer import OptimConfig, PolicyTrainer
 from specrl.sampling import SamplingParams, sampling_distribution
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -108,5 +109,5 @@ def test_grpo_steps_on_cuda_in_bf16_with_kl_under_top_p_stay_finite_and_sync_to_
         for prompt, response, engine in zip(prompts, responses, logprobs):
             ids = torch.tensor([prompt + response], device="cuda")
             logits = policy.model(input_ids=ids).logits.float()
-            scored = token_logprobs(logits, ids, 1.0, top_p=options["top_p"])[0, len(prompt) - 1:-1]
+            scored = padded_token_logprobs(logits, ids, 1.0, top_p=options["top_p"])[0, len(prompt) - 1:-1]
             assert torch.allclose(scored.cpu(), torch.tensor(engine), atol=1e-4)

@@ -202,7 +202,7 @@ def test_truncated_rollout_logprobs_equal_the_trainers_under_the_same_truncation
     the trainer's `token_logprobs` with the same settings scores the same tokens identically."""
     import transformers
 
-    from specrl.rl.trainer import token_logprobs
+    from specrl.rl.padded_reference import padded_token_logprobs
 
     engine = make_engine(target_dir, "draft", draft_dir)
     result = engine.generate(PROMPTS, SamplingParams(max_tokens=12, seed=1, ignore_eos=True, **truncation))
@@ -210,7 +210,7 @@ def test_truncated_rollout_logprobs_equal_the_trainers_under_the_same_truncation
     for prompt, completion in zip(PROMPTS, result.completions):
         seq = torch.tensor([prompt + completion.token_ids])
         with torch.no_grad():
-            trainer = token_logprobs(hf(seq).logits, seq, 1.0, **truncation)[0, len(prompt) - 1:-1]
+            trainer = padded_token_logprobs(hf(seq).logits, seq, 1.0, **truncation)[0, len(prompt) - 1:-1]
         assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-4)
         assert torch.isfinite(trainer).all()
 

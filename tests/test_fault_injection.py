@@ -26,7 +26,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SMALL = ["--preset", "tiny", "rollout.prompts_per_step=4", "grpo.group_size=4", "rollout.max_tokens=12",
-         "run.tensorboard=false", "optim.lr=1e-3", "optim.micro_batch_size=8", "backend.adaptive=false",
+         "run.tensorboard=false", "optim.lr=1e-3", "backend.adaptive=false",
          "run.checkpoint_every=1", "run.threads=1"]
 
 

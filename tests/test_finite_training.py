@@ -90,11 +90,12 @@ def engine_logprobs(trainer: PolicyTrainer, responses) -> list[list[float]]:
     """The trainer's own logprobs of `responses` under top_p 0.7, as a rollout engine would record them
     (a token outside the nucleus gets a finite stand-in: the engine never samples one, but bf16 ties can)."""
     from specrl.rl.sequences import train_batch
-    from specrl.rl.trainer import response_logits, token_logprobs
+    from specrl.rl.padded_reference import padded_token_logprobs
 
     batch = train_batch(PROMPTS, responses, 0)
     with torch.no_grad():
-        logprobs = token_logprobs(response_logits(trainer.model, batch), batch.ids, *trainer._truncation)
+        logits = trainer.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
+        logprobs = padded_token_logprobs(logits, batch.ids, *trainer._truncation)
     logprobs = logprobs.clamp_min(-30.0)
     return [logprobs[i, len(p) - 1:len(p) - 1 + len(r)].tolist() for i, (p, r) in enumerate(zip(PROMPTS, responses))]
 

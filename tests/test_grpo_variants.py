@@ -88,7 +88,7 @@ def test_groups_with_equal_rewards_are_set_aside_when_dynamic_sampling_is_on():
 
 
 SMALL = ["rollout.prompts_per_step=4", "grpo.group_size=4", "rollout.max_tokens=12", "run.tensorboard=false",
-         "optim.lr=1e-3", "optim.micro_batch_size=8", "backend.adaptive=false", "backend.proposer=ngram"]
+         "optim.lr=1e-3", "backend.adaptive=false", "backend.proposer=ngram"]
 
 
 def tiny_config(tmp_path, *extra):

@@ -22,12 +22,12 @@ from specrl.sampling import SamplingParams
 from specrl.models.registry import resolve_checkpoint
 from specrl.pipeline.config import load_config
 from specrl.pipeline.loop import Pipeline
-from specrl.rl.trainer import token_logprobs
+from specrl.rl.padded_reference import padded_token_logprobs
 from specrl.rl.sequences import train_batch
 
 # fixed K: adaptive K reads wall-clock time, which would make the sampled tokens vary from run to run
 SMALL = ["rollout.prompts_per_step=4", "grpo.group_size=4", "rollout.max_tokens=12", "run.tensorboard=false",
-         "optim.lr=1e-3", "optim.micro_batch_size=8", "backend.adaptive=false"]
+         "optim.lr=1e-3", "backend.adaptive=false"]
 
 
 def small_config(tmp_path, *extra):
@@ -71,7 +71,7 @@ def test_engine_after_weight_sync_produces_the_trainers_logprobs(tmp_path):
     ids = tok.encode(prompt, add_special_tokens=False)
     batch = train_batch([ids], [completion.token_ids], pad_id=0)
     with torch.no_grad():
-        lp = token_logprobs(pipeline.learner.trainer.model(input_ids=batch.ids).logits, batch.ids, 1.0)
+        lp = padded_token_logprobs(pipeline.learner.trainer.model(input_ids=batch.ids).logits, batch.ids, 1.0)
     trainer_lp = lp[0, len(ids) - 1: len(ids) - 1 + len(completion.token_ids)]
     assert torch.allclose(trainer_lp, torch.tensor(completion.logprobs), atol=1e-4)
 

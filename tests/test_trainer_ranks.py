@@ -27,13 +27,14 @@ from specrl.pipeline.config import load_config
 from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.sequences import train_batch
-from specrl.rl.trainer import OptimConfig, PolicyTrainer, response_logits, token_logprobs
+from specrl.rl.padded_reference import padded_token_logprobs
+from specrl.rl.trainer import OptimConfig, PolicyTrainer
 from specrl.sampling import SamplingParams
 
 pytestmark = pytest.mark.ray
 
 SAMPLING = SamplingParams(temperature=1.0)
-OPTIM = OptimConfig(lr=1e-3, micro_batch_size=2, max_grad_norm=1.0)
+OPTIM = OptimConfig(lr=1e-3, micro_batch_tokens=16, max_grad_norm=1.0)  # micro-batches split groups
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,14 @@ def batches(model_dir, steps: int = 3, rows: int = 8):
     out = []
     for _ in range(steps):
         prompts = [torch.randint(3, vocab, (int(torch.randint(3, 7, (1,), generator=gen)),), generator=gen).tolist()
-                   for _ in range(rows)]
+                   for _ in range(rows // 2) for _ in range(2)]  # groups of two, packed with one copy of the prompt
+        prompts = [prompts[i - i % 2] for i in range(rows)]
         responses = [torch.randint(3, vocab, (int(torch.randint(2, 9, (1,), generator=gen)),), generator=gen).tolist()
                      for _ in range(rows)]
         batch = train_batch(prompts, responses, 0)
         with torch.no_grad():
-            lp = token_logprobs(response_logits(model, batch), batch.ids, 1.0)
+            logits = model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
+            lp = padded_token_logprobs(logits, batch.ids, 1.0)
         behaviour = [lp[i, len(p) - 1: len(p) - 1 + len(r)].tolist() for i, (p, r) in enumerate(zip(prompts, responses))]
         out.append((prompts, responses, behaviour, torch.randn(rows, generator=gen)))
     return out
@@ -80,8 +83,9 @@ def test_two_gloo_ranks_train_like_one(local_ray, tmp_path):
         assert set(got) == set(want)
         moved = max(float((want[k] - start[k]).abs().max()) for k in want)
         assert moved > 1e-3  # the parity below is not that of parameters that never moved
-        for name in want:
-            assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), name
+        for name in want:  # each rank packs its own micro-batches: the sums' order differs, so the gradients agree
+            # to fp32 rounding, which AdamW's normalised early steps amplify (1.5e-5 measured after 3 steps at lr 1e-3)
+            assert torch.allclose(got[name], want[name], atol=5e-5, rtol=0), name
 
         one_state, two_state = single.optimizer_state(), group.optimizer_state()
         assert two_state["param_groups"][0]["params"] == one_state["param_groups"][0]["params"]
@@ -91,8 +95,8 @@ def test_two_gloo_ranks_train_like_one(local_ray, tmp_path):
 
         group.save_policy(tmp_path / "policy")
         saved = load_causal_lm(tmp_path / "policy").state_dict()
-        for name, tensor in want.items():
-            assert torch.allclose(saved[name], tensor, atol=1e-5, rtol=0), name
+        for name, tensor in got.items():  # the group saves the weights it holds
+            assert torch.equal(saved[name], tensor), name
         group.load_optimizer_state(one_state)  # a single-rank checkpoint resumes on two ranks
         assert torch.allclose(group.optimizer_state()["state"][0]["exp_avg"], one_state["state"][0]["exp_avg"])
     finally:

@@ -17,7 +17,8 @@ from specrl.backends.vllm import VLLMOptions  # noqa: E402
 from specrl.sampling import SamplingParams  # noqa: E402
 from specrl.models.registry import resolve_checkpoint  # noqa: E402
 from specrl.rl.sequences import train_batch  # noqa: E402
-from specrl.rl.trainer import sync_state_dict, token_logprobs  # noqa: E402
+from specrl.rl.padded_reference import padded_token_logprobs  # noqa: E402
+from specrl.rl.trainer import sync_state_dict  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -44,7 +45,7 @@ def test_refit_of_a_tied_model_matches_the_trainers_logprobs(backend):
     ids = backend.tokenizer.encode(prompt, add_special_tokens=False)
     batch = train_batch([ids], [completion.token_ids], pad_id=0)
     with torch.no_grad():
-        logprobs = token_logprobs(trainer_model(input_ids=batch.ids).logits, batch.ids, 1.0)
+        logprobs = padded_token_logprobs(trainer_model(input_ids=batch.ids).logits, batch.ids, 1.0)
     trainer = logprobs[0, len(ids) - 1: len(ids) - 1 + len(completion.token_ids)]
     assert torch.allclose(trainer, torch.tensor(completion.logprobs), atol=1e-4)
     assert completion.versions == [1] * len(completion.token_ids)

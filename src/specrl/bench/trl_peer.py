@@ -8,10 +8,11 @@ example by default). Both sides get the same model weights, training problems in
 prompts (the task's chat messages through the tokenizer's chat template), rewards (the task's
 own named rewards with their weights, a raising user function scoring 0 on both), group size,
 prompts per step, response cap, temperature, learning rate (constant, AdamW), gradient clipping,
-micro-batch size, clip range, KL coefficient (0), token-mean loss (TRL's `dapo`), no gradient
+clip range, KL coefficient (0), token-mean loss (TRL's `dapo`), no gradient
 checkpointing (TRL's default turns it on) and steps. specrl
 runs its preset's defaults (its drafts and their online adaptation included); TRL generates
-with `transformers.generate`, as it does without vLLM. The runs alternate which goes first
+with `transformers.generate`, as it does without vLLM, and trains in micro-batches of
+`trl_micro_batch` rows (specrl sizes its own in tokens, `optim.micro_batch_tokens`). The runs alternate which goes first
 across rounds; each step's time is the optimiser step's wall time, on the same torch threads.
 
 Reported per side (medians over steps, the first step left out when there are 3 or more):
@@ -51,6 +52,7 @@ class TRLBenchConfig:
     rounds: int = within(1, "[1, inf)")
     threads: int = within(2, "[1, inf)")
     seed: int = 0
+    trl_micro_batch: int = within(8, "[1, inf)")  # TRL's sequences per forward/backward; divides the step's rows
 
     def __post_init__(self):
         check_fields(self)
@@ -89,18 +91,19 @@ def run_specrl(config: TrainConfig) -> dict:
                         [r["rollout_tokens"] for r in history], [r["reward_mean"] for r in history])
 
 
-def trl_arguments(config: TrainConfig, output_dir: str, reward_weights: list[float]):
-    """TRL's GRPOConfig for the same job (see the module docstring), with the task's reward weights."""
+def trl_arguments(config: TrainConfig, output_dir: str, reward_weights: list[float], micro_batch: int):
+    """TRL's GRPOConfig for the same job (see the module docstring), with the task's reward weights and
+    `micro_batch` rows per forward/backward."""
     from trl import GRPOConfig
 
     rollout, grpo, optim = config.rollout, config.grpo, config.optim
     rows = rollout.prompts_per_step * grpo.group_size
-    if rows % optim.micro_batch_size:
-        raise ValueError(f"optim.micro_batch_size ({optim.micro_batch_size}) must divide the step's {rows} sequences")
+    if rows % micro_batch:
+        raise ValueError(f"trl_micro_batch ({micro_batch}) must divide the step's {rows} sequences")
     return GRPOConfig(
         output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no",
         logging_steps=1, seed=config.run.seed, max_steps=config.run.steps, shuffle_dataset=False,
-        per_device_train_batch_size=optim.micro_batch_size, gradient_accumulation_steps=rows // optim.micro_batch_size,
+        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=rows // micro_batch,
         num_generations=grpo.group_size, max_completion_length=rollout.max_tokens, temperature=rollout.temperature,
         top_p=rollout.top_p, top_k=rollout.top_k, learning_rate=optim.lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=optim.weight_decay, max_grad_norm=optim.max_grad_norm or 1e9, beta=grpo.kl_coef,
@@ -111,7 +114,7 @@ def trl_arguments(config: TrainConfig, output_dir: str, reward_weights: list[flo
         gradient_checkpointing=False, dataloader_num_workers=0)  # TRL's default recomputes activations; specrl does not
 
 
-def run_trl(config: TrainConfig, output_dir: str) -> tuple[dict, dict]:
+def run_trl(config: TrainConfig, output_dir: str, micro_batch: int) -> tuple[dict, dict]:
     """-> (summary, TRL's arguments as a dict)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -131,7 +134,7 @@ def run_trl(config: TrainConfig, output_dir: str) -> tuple[dict, dict]:
 
     model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32, use_safetensors=True,
                                                  trust_remote_code=False)
-    args = trl_arguments(config, output_dir, list(task.rewards.weights.values()))
+    args = trl_arguments(config, output_dir, list(task.rewards.weights.values()), micro_batch)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_of(n) for n in task.rewards.weights],
                           args=args, train_dataset=dataset, processing_class=tokenizer)
     generation = [0.0]
@@ -182,7 +185,7 @@ def run_trl_bench(bench: TRLBenchConfig, progress=None) -> dict:
                 if side == "specrl":
                     sides[side] = run_specrl(config)
                 else:
-                    sides[side], trl_args = run_trl(config, f"{tmp}/trl")
+                    sides[side], trl_args = run_trl(config, f"{tmp}/trl", bench.trl_micro_batch)
                 torch.set_num_threads(bench.threads)
             rounds.append(sides)
             if progress is not None:

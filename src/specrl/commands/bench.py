@@ -160,6 +160,8 @@ def register(subparsers) -> None:
     tr.add_argument("--rounds", type=int, default=tc.rounds, help="rounds of both runs, alternating which goes first")
     tr.add_argument("--seed", type=int, default=tc.seed, help="(default: %(default)s)")
     tr.add_argument("--threads", type=int, default=tc.threads, help="torch threads for both (default: %(default)s)")
+    tr.add_argument("--trl-micro-batch", type=int, default=tc.trl_micro_batch,
+                    help="TRL's sequences per forward/backward; divides the step's rows (default: %(default)s)")
     tr.set_defaults(func=run_trl)
 
 
@@ -253,7 +255,7 @@ def run_async(args) -> dict:
 
 def run_trl(args) -> dict:
     config = TRLBenchConfig(preset=args.preset, config=args.config, steps=args.steps, rounds=args.rounds,
-                            seed=args.seed, threads=args.threads)
+                            seed=args.seed, threads=args.threads, trl_micro_batch=args.trl_micro_batch)
     with progress_bar("bench trl", config.rounds) as update:
         summary = run_trl_bench(config, progress=update)
     table = Table(title=f"GRPO on the same job: {config.preset} + {config.config}, {config.steps} steps")

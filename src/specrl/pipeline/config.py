@@ -144,7 +144,7 @@ PRESETS: dict[str, dict] = {
         "backend": {"model": "tiny", "proposer": "ngram"},
         "rollout": {"max_tokens": 16, "prompts_per_step": 16},
         "grpo": {"group_size": 8},
-        "optim": {"lr": 2e-4, "micro_batch_size": 64},
+        "optim": {"lr": 2e-4},
     },
     # SmolLM2-135M-Instruct on two-term sums (reasoning-gym chain_sum): held-out pass@1 ~0.14 at
     # temperature 0.7 before training; the shipped EAGLE-3 head drafts (adaptive K, trees) and adapts online
@@ -154,7 +154,7 @@ PRESETS: dict[str, dict] = {
         "backend": {"model": "smollm2-135m", "proposer": "eagle3"},
         "rollout": {"max_tokens": 128, "prompts_per_step": 4, "temperature": 0.7},
         "grpo": {"group_size": 8},
-        "optim": {"lr": 1e-5, "micro_batch_size": 8},
+        "optim": {"lr": 1e-5},
         "draft": {"enabled": True, "lr": 1e-4},
         "eval": {"every": 10, "prompts": 128, "temperature": 0.7},
     },

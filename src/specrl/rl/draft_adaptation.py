@@ -44,18 +44,18 @@ class DraftAdaptConfig:
         check_fields(self)
 
 
-def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor, mask: torch.Tensor,
+def soft_cross_entropy(draft_logits: torch.Tensor, policy_logits: torch.Tensor,
                        temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """-> (sum over masked positions of the soft CE, sums of KL(p || q) and of the expected
+    """Over N positions ([N, V] each) -> (the sum of the soft CE, sums of KL(p || q) and of the expected
     acceptance sum_x min(p, q)). CE = H(p) + KL(p || q): only the KL depends on the draft."""
     log_p = (policy_logits / temperature).log_softmax(-1)
     log_q = (draft_logits / temperature).log_softmax(-1)
     p = log_p.exp()
-    ce = -(p * log_q).sum(-1)  # [B, T]
+    ce = -(p * log_q).sum(-1)  # [N]
     with torch.no_grad():
         kl = (p * (log_p - log_q)).sum(-1)
         acceptance = torch.minimum(p, log_q.exp()).sum(-1)
-    return (ce * mask).sum(), {"kl": float((kl * mask).sum()), "acceptance": float((acceptance * mask).sum())}
+    return ce.sum(), {"kl": float(kl.sum()), "acceptance": float(acceptance.sum())}
 
 
 class DraftTrainer:
@@ -85,14 +85,16 @@ class DraftTrainer:
 
     def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, hidden: dict[int, torch.Tensor],
                    num_tokens: int) -> None:
-        """Backward one micro-batch's draft loss (normalised by the whole batch's tokens)."""
-        draft_logits = self.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
-        loss, sums = soft_cross_entropy(draft_logits, policy_logits, batch.loss_mask, self.temperature)
+        """Backward one micro-batch's draft loss (normalised by the whole batch's tokens). `policy_logits` [N, V]:
+        the policy's at the positions where `batch.loss_mask` is 1, row-major (`PolicyTrainer.step`)."""
+        counted = batch.loss_mask > 0
+        draft_logits = self.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits[counted].float()
+        loss, sums = soft_cross_entropy(draft_logits, policy_logits, self.temperature)
         (self.config.loss_weight * loss / num_tokens).backward()
         self.loss_sum += float(loss.detach())
         self.kl_sum += sums["kl"]
         self.acceptance_sum += sums["acceptance"]
-        self.tokens += float(batch.loss_mask.sum())
+        self.tokens += float(counted.sum())
 
     def step(self) -> dict[str, float]:
         """Apply the accumulated gradient; returns the pre-update loss and expected acceptance."""

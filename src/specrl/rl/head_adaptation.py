@@ -1,7 +1,11 @@
 """Online adaptation of an EAGLE-3 or MTP head: the head follows the drifting policy.
 
 The head trains on what the policy's own GRPO forward pass computes anyway: its hidden
-states (the layers the head reads) and its logits. No extra target pass is run.
+states (the layers the head reads) and its logits. No extra target pass is run. That pass is
+packed (`rl.packing`): the head reads each row's hidden states gathered back into the padded
+layout, the prompt's (computed once per group) then the row's own response's, equal at every
+real position to a padded forward's; and the logits at the positions that predict a response
+token, the only ones its loss reads.
 
 Loss (the offline training-time test of `training.head_training`, on the RL batch): for
 chain depth j = 1..D the head runs over every sequence at once (`DraftHead.forward_train`);
@@ -77,11 +81,13 @@ class HeadTrainer:
         self.head.save(out_dir)
 
     def _chain_terms(self, batch: TrainBatch, policy_logits: torch.Tensor, hidden: dict[int, torch.Tensor]):
-        """Per depth j: (log q [P, V_out] at the P rows that count, the teacher p [P, V_out])."""
+        """Per depth j: (log q [P, V_out] at the P rows that count, the teacher p [P, V_out]). `policy_logits`
+        [N, V] are the policy's at the positions where `batch.loss_mask` is 1, row-major (`PolicyTrainer.step`)."""
         head, d2t = self.head, self.head.d2t
-        p_all = sampling_logprobs(policy_logits, self.sampling).exp()  # [B, S, V]: position t's p of ids[t+1]
+        p_all = sampling_logprobs(policy_logits, self.sampling).exp()  # [N, V]: the p of each response token
         if d2t is not None:
             p_all = p_all.index_select(-1, d2t)
+        slot = (batch.loss_mask.flatten().cumsum(0) - 1).long().view_as(batch.loss_mask)  # [B, S] -> row of p_all
         S = batch.ids.shape[1]
         predicts_response = torch.zeros_like(batch.loss_mask, dtype=torch.bool)
         predicts_response[:, :S - 1] = batch.loss_mask[:, 1:] > 0  # row i predicts ids[i+2], a response token
@@ -92,7 +98,7 @@ class HeadTrainer:
         for j, g in enumerate(g_per_depth):
             b, i = (predicts_response & (rows - j >= first - 1)).nonzero(as_tuple=True)  # anchor i - j >= L - 2
             logq = (head.logits(g[b, i]).float() / self.sampling.temperature).log_softmax(-1)
-            yield logq, p_all[b, i + 1]
+            yield logq, p_all[slot[b, i + 1]]
 
     def accumulate(self, batch: TrainBatch, policy_logits: torch.Tensor, hidden: dict[int, torch.Tensor],
                    num_tokens: int) -> None:

@@ -1,9 +1,12 @@
 """The policy trainer: one GRPO optimiser step on a Hugging Face `transformers` causal LM.
 
-The batch is split into micro-batches whose gradients accumulate, so memory stays
-bounded by `micro_batch_size` whatever the rollout batch. All micro-batches run on
-the same (pre-update) weights, so the logprobs they compute are the trainer's
-logprobs of the rollout tokens, compared with the engine's for the parity metrics.
+The batch is split into micro-batches whose gradients accumulate, so memory stays bounded by
+`micro_batch_tokens` whatever the rollout batch. Each micro-batch is one packed sequence in which
+a group's prompt is computed once and its responses attend to it (`rl.packing`), and the LM head
+runs only at the positions that predict a response token: the same loss as right-padded rows of
+`prompt + response`, to fp32 rounding, on fewer tokens. All micro-batches run on the same
+(pre-update) weights, so the logprobs they compute are the trainer's logprobs of the rollout
+tokens, compared with the engine's for the parity metrics.
 
 Where and how it computes:
     device       run.device: cpu or cuda (`specrl.device`; cuda without CUDA is an error)
@@ -30,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from specrl.device import resolve_device
 from specrl.finite_step import finite_step
+from specrl.rl.packing import PackedBatch, micro_batches, pack
 from specrl.rl.sequences import TrainBatch, train_batch
 from specrl.models.checkpoint import load_causal_lm
 from specrl.rl.grpo import GRPOConfig, grpo_loss
@@ -42,11 +46,14 @@ class OptimConfig:
     """AdamW settings and micro-batching for the policy."""
 
     SECTION: ClassVar[str] = "optim"
+    REMOVED: ClassVar[dict[str, str]] = {
+        "micro_batch_size": "micro-batches are sized in tokens: set optim.micro_batch_tokens"}
 
     lr: float = within(1e-5, "(0, inf)")  # AdamW learning rate, constant
     weight_decay: float = within(0.0, "[0, inf)")  # AdamW decoupled weight decay
     max_grad_norm: float = within(1.0, "[0, inf)")  # clip the global gradient norm; 0 = no clipping
-    micro_batch_size: int = within(8, "[1, inf)")  # sequences per forward/backward
+    # tokens per forward/backward: a micro-batch packs whole groups, each prompt once (`rl.packing`)
+    micro_batch_tokens: int = within(512, "[1, inf)")
     # fp32, or bf16 autocast (forward and loss in bf16, master weights, gradients and AdamW state in fp32)
     precision: Literal["fp32", "bf16"] = "fp32"
 
@@ -62,18 +69,21 @@ def sync_state_dict(model) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
 
 
-def response_logits(model, batch: TrainBatch) -> torch.Tensor:
-    """Logits at every position [B, T, V] (position t predicts ids[:, t+1])."""
-    return model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits.float()
+def packed_logits(model, packed: PackedBatch) -> torch.Tensor:
+    """The logits at `packed.logit_positions` only [N, V], in float32: one forward over the packed sequence,
+    with the LM head run at the N positions that predict a response token."""
+    mask = packed.attention_mask(model.config._attn_implementation, torch.float32)
+    out = model(input_ids=packed.ids, attention_mask=mask, position_ids=packed.positions,
+                logits_to_keep=packed.logit_positions)
+    return out.logits[0].float()
 
 
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float, top_k: int = 0,
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int = 0,
                    top_p: float = 1.0) -> torch.Tensor:
-    """log p(ids[:, t+1] | ids[:, :t+1]) at position t -> [B, T] (last column 0), under the distribution
-    the engine samples from: logits / temperature, truncated to top-k / top-p and renormalised."""
+    """log p(target) under the distribution the engine samples from (logits / temperature, truncated to
+    top-k / top-p and renormalised): logits [..., V], targets [...] -> [...]."""
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    picked = sampling_logprobs(logits[:, :-1], params).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return F.pad(picked, (0, 1))
+    return sampling_logprobs(logits, params).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def capture_hidden(model, layers: tuple[int, ...]):
@@ -94,12 +104,23 @@ def capture_hidden(model, layers: tuple[int, ...]):
     return found, lambda: [h.remove() for h in handles]
 
 
-def align_per_token(values: list[list[float]], prompts: list[list[int]], width: int) -> torch.Tensor:
-    """Per-response-token values placed where `train_batch`'s loss_mask is 1 -> [B, width]."""
-    out = torch.zeros(len(values), width)
-    for i, (row, prompt) in enumerate(zip(values, prompts)):
-        out[i, len(prompt) - 1: len(prompt) - 1 + len(row)] = torch.tensor(row)
+def per_response_token(values: list[list[float]], packed: PackedBatch) -> torch.Tensor:
+    """Per-response-token values of `packed`'s rows, as [R, L] (0 off the response tokens)."""
+    out = torch.zeros(packed.response_mask.shape)
+    for i, row in enumerate(values):
+        out[i, :len(row)] = torch.tensor(row)
     return out
+
+
+def padded_views(prompts: list[list[int]], responses: list[list[int]], packed: PackedBatch, logits: torch.Tensor,
+                 hidden: dict[int, torch.Tensor], pad_id: int) -> tuple[TrainBatch, torch.Tensor, dict]:
+    """What draft and head adaptation read, from a packed forward: the rows as a right-padded `TrainBatch`, the
+    logits [N, V] (detached; row-major over its loss mask, the packed order), and each hidden state [1, T, H]
+    gathered into the padded layout [R, W, H] (a prompt's states are shared by its rows; padding positions hold
+    a copy of the first token's)."""
+    rows = packed.rows
+    batch = train_batch(prompts[rows.start:rows.stop], responses[rows.start:rows.stop], pad_id).to(logits.device)
+    return batch, logits.detach(), {layer: h[0][packed.unpack_index] for layer, h in hidden.items()}
 
 
 def with_parity_mean(stats: dict) -> dict:
@@ -194,15 +215,15 @@ class PolicyTrainer:
     def head_acceptance(self, head, prompts: list[list[int]], responses: list[list[int]]) -> list[float]:
         """Per depth, `head`'s expected acceptance against this policy on these sequences (no update)."""
         totals = None
-        size = self.optim.micro_batch_size
-        for start in range(0, len(prompts), size):
-            batch = train_batch(prompts[start:start + size], responses[start:start + size], self.pad_id).to(self.device)
+        for rows in micro_batches(prompts, responses, self.optim.micro_batch_tokens):
+            packed = pack(prompts, responses, rows, self.optim.micro_batch_tokens).to(self.device)
             hidden, release = capture_hidden(self.model, head.hidden_layers)
             try:
-                logits = response_logits(self.model, batch)
+                logits = packed_logits(self.model, packed)
             finally:
                 release()
-            part = [(a * n, n) for a, n in head.expected_acceptance(batch, logits, hidden)]
+            part = [(a * n, n) for a, n in head.expected_acceptance(*padded_views(prompts, responses, packed, logits,
+                                                                                   hidden, self.pad_id))]
             totals = part if totals is None else [(x + a, m + n) for (x, m), (a, n) in zip(totals, part)]
         return [x / max(n, 1) for x, n in totals or []]
 
@@ -210,38 +231,46 @@ class PolicyTrainer:
              advantages: torch.Tensor, on_micro_batch=None, decoupled: bool = False,
              hidden_layers: tuple[int, ...] = (), num_tokens: int | None = None,
              num_sequences: int | None = None) -> dict[str, float]:
-        """One optimiser step. `on_micro_batch(batch, logits, hidden)` sees each micro-batch's detached
-        policy logits and the hidden states after the engine layer indices `hidden_layers` (the
-        draft or head adaptation trains on them: no extra forward pass). `decoupled` (a batch with
-        stale tokens) uses the pre-update logprobs as the proximal policy (see `grpo_loss`).
-        With several ranks each passes its own rows and the whole batch's `num_tokens` and `num_sequences`; the stats
-        are then this rank's shares (sums over ranks give the batch's; see `TrainerGroup`)."""
+        """One optimiser step. `on_micro_batch(batch, logits, hidden)` sees each micro-batch's rows as a padded
+        `TrainBatch`, the policy's detached logits at its response-predicting positions [N, V] (in the order of
+        `batch.loss_mask`'s nonzeros, row-major) and the hidden states after the engine layer indices
+        `hidden_layers`, laid out as `batch` [R, W, H] (the draft or head adaptation trains on them: no extra
+        forward pass). `decoupled` (a batch with stale tokens) uses the pre-update logprobs as the proximal
+        policy (see `grpo_loss`). With several ranks each passes its own rows and the whole batch's `num_tokens`
+        and `num_sequences`; the stats are then this rank's shares (sums over ranks give the batch's; see
+        `TrainerGroup`)."""
         num_tokens = num_tokens if num_tokens is not None else sum(len(r) for r in responses)
         num_sequences = num_sequences if num_sequences is not None else len(responses)
         stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "excluded_tokens": 0}
         abs_err, max_err, parity_tokens = 0.0, 0.0, 0
         self.optimizer.zero_grad(set_to_none=True)
-        size = self.optim.micro_batch_size
-        starts = range(0, len(prompts), size)
+        parts = micro_batches(prompts, responses, self.optim.micro_batch_tokens)
+        runs = self._micro_batch_count(len(parts))
         advantages = advantages.to(self.device)
-        for start in starts:
-            rows = slice(start, start + size)
+        for index in range(runs):
             if self.ranks > 1:  # reduce-scatter the gradients once, on the last micro-batch
-                self.model.set_requires_gradient_sync(start == starts[-1])
-            batch = train_batch(prompts[rows], responses[rows], self.pad_id).to(self.device)
-            behaviour = align_per_token(behaviour_logprobs[rows], prompts[rows], batch.ids.shape[1]).to(self.device)
+                self.model.set_requires_gradient_sync(index == runs - 1)
+            idle = index >= len(parts)  # a rank with fewer micro-batches repeats one with no loss (see below)
+            rows = parts[-1 if idle else index]
+            packed = pack(prompts, responses, rows, self.optim.micro_batch_tokens).to(self.device)
             hidden, release = capture_hidden(self.model, hidden_layers if on_micro_batch else ())
             try:
                 with self._autocast():
-                    logits = response_logits(self.model, batch)
+                    logits = packed_logits(self.model, packed)
             finally:
                 release()
-            logprobs = token_logprobs(logits, batch.ids, *self._truncation)
+            if idle:  # every rank runs the same collectives; this one adds nothing to the gradient
+                (logits.sum() * 0.0).backward()
+                continue
+            logprobs = packed.scatter(token_logprobs(logits, packed.targets, *self._truncation))
+            behaviour = per_response_token([behaviour_logprobs[i] for i in rows], packed).to(self.device)
             ref = None
             if self.reference is not None:
                 with torch.no_grad(), self._autocast():
-                    ref = token_logprobs(response_logits(self.reference, batch), batch.ids, *self._truncation)
-            loss, micro = grpo_loss(logprobs, behaviour, advantages[rows], batch.loss_mask, self.grpo,
+                    ref = packed.scatter(token_logprobs(packed_logits(self.reference, packed), packed.targets,
+                                                        *self._truncation))
+            mask = packed.response_mask.to(logprobs.dtype)
+            loss, micro = grpo_loss(logprobs, behaviour, advantages[rows.start:rows.stop], mask, self.grpo,
                                     num_tokens=num_tokens, ref_logprobs=ref, num_sequences=num_sequences,
                                     proximal_logprobs=logprobs.detach() if decoupled else None)
             (loss * self.ranks).backward()  # FSDP averages the ranks' gradients; each holds a share of the sum
@@ -249,15 +278,24 @@ class PolicyTrainer:
             for key, value in micro.items():
                 stats[key] = stats.get(key, 0.0) + value
             with torch.no_grad():  # over the tokens both sides score finitely (a NaN or -inf must not hide)
-                counted = (batch.loss_mask > 0) & torch.isfinite(logprobs) & torch.isfinite(behaviour)
+                counted = packed.response_mask & torch.isfinite(logprobs) & torch.isfinite(behaviour)
                 err = torch.where(counted, logprobs - behaviour, 0.0).abs()
                 abs_err += float(err.sum())
                 max_err = max(max_err, float(err.max()))
                 parity_tokens += int(counted.sum())
             if on_micro_batch is not None:
-                on_micro_batch(batch, logits.detach(), hidden)
+                on_micro_batch(*padded_views(prompts, responses, packed, logits, hidden, self.pad_id))
         stats["grad_norm"], skipped = finite_step(self.optimizer, list(self.model.parameters()), stats["loss"],
                                                   self.optim.max_grad_norm, "policy")
         stats["policy_step_skipped"] = int(skipped)
         stats.update(logprob_abs_error_sum=abs_err, logprob_abs_error_max=max_err, parity_tokens=parity_tokens)
         return with_parity_mean(stats)
+
+    def _micro_batch_count(self, mine: int) -> int:
+        """How many forward/backward passes this step runs: its own micro-batches, or, with several ranks, the
+        most any rank has (FSDP's gathers are collectives, so every rank runs the same number)."""
+        if self.ranks == 1:
+            return mine
+        count = torch.tensor([mine], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count)
