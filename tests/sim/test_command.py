@@ -17,6 +17,7 @@ def test_seed_scenario_prints_json_with_speedups_and_errors_last(capsys):
     for key in ("scenario", "rollout_speedup", "step_speedup", "published", "error"):
         assert key in summary
     assert summary["rollout_speedup"] > 1.0
+    assert {(r["prompt_tokens"], r["group_size"]) for r in summary["shared_prompt"]} >= {(256, 8), (8192, 16)}
 
 
 def test_calibrate_reports_published_and_error_for_every_row(capsys):

@@ -35,3 +35,26 @@ def test_async_overlaps_generation_and_training_only_with_staleness():
 def test_streaming_async_removes_the_drain_and_is_faster():
     setup = replace(SCENARIOS["seed-8b-sync"].setup(), workload=replace(SCENARIOS["seed-8b-sync"].workload, prompts=64))
     assert async_step(setup, 16, style="stream").generation < async_step(setup, 16, style="drain").generation
+
+
+def test_a_shared_prompt_is_trained_once_per_group():
+    """4 prompts of 100 tokens x 8 responses of a fixed 50 tokens: 32 x 150 tokens per sequence, 4 x 100 + 32 x 50
+    once per group; the trainer's seconds fall by the same ratio."""
+    from specrl.sim.workload import LengthDistribution, Workload, trained_tokens
+
+    w = Workload(4, 8, 100, LengthDistribution(50, 0.0, 64, 0.0))
+    assert trained_tokens(w, shared_prompt=False) == pytest.approx(32 * 150)
+    assert trained_tokens(w, shared_prompt=True) == pytest.approx(4 * 100 + 32 * 50)
+    seed = SCENARIOS["seed-8b-sync"]
+    per_sequence, shared = (sync_step(replace(seed, shared_prompt=flag).setup()) for flag in (False, True))
+    ratio = trained_tokens(seed.workload, False) / trained_tokens(seed.workload, True)
+    assert per_sequence.training / shared.training == pytest.approx(ratio)
+    assert per_sequence.generation == pytest.approx(shared.generation)  # the rollouts do not change
+
+
+def test_sharing_the_prompt_saves_more_with_longer_prompts_and_larger_groups():
+    from specrl.sim.projection import shared_prompt_table
+
+    rows = {(r["prompt_tokens"], r["group_size"]): r["trainer_speedup"]
+            for r in shared_prompt_table(SCENARIOS["seed-8b-sync"])}
+    assert 1.0 < rows[(256, 8)] < rows[(2048, 8)] < rows[(8192, 8)] < rows[(8192, 16)]

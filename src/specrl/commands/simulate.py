@@ -57,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="async trainer world-size scenario: the step with the trainer on each of these many GPUs "
                    "(FSDP, collectives over NVLink within 8 GPUs, the network past them) and the scenario's "
                    "rollout pool, speculation off and on, e.g. --trainer-gpus 8,64,256,1024")
+    p.add_argument("--shared-prompt", action="store_true",
+                   help="price the trainer with each prompt computed once per group, as specrl's packed trainer "
+                   "does (the scenarios' own trainers compute it once per sequence); every run also prints what "
+                   "that changes at group sizes 8 and 16 and longer prompts")
     p.add_argument("--sensitivity", action="store_true",
                    help="also vary acceptance, length tail and MoE layout one at a time (slower)")
     p.add_argument("--plot-dir", type=Path, help="write PNG plots into this folder (implies --sensitivity "
@@ -76,7 +80,7 @@ def _parse_sweep(items: list[str]) -> dict[str, list[int]]:
 def _scenario(args):
     from specrl.sim.scenarios import get_scenario
 
-    s = replace(get_scenario(args.scenario), controller=args.controller)
+    s = replace(get_scenario(args.scenario), controller=args.controller, shared_prompt=args.shared_prompt)
     if args.k is not None:
         s = replace(s, k=args.k)
     if args.acceptance_length is not None:
@@ -151,6 +155,11 @@ def run(args) -> dict:
                 ["case", "generation_s", "logprobs_s", "training_s", "weight_sync_s", "step_s"])
     console.print(f"rollout speedup {result['rollout_speedup']}x, step speedup {result['step_speedup']}x"
                   + (f", vs sync baseline {result['vs_sync_baseline']}x" if "vs_sync_baseline" in result else ""))
+    shared = projection.shared_prompt_table(s)
+    _print_rows(console, f"{s.name}: trainer tokens per step, each prompt once per sequence or once per group",
+                shared, ["prompt_tokens", "group_size", "response_tokens", "mtokens_per_sequence", "mtokens_shared",
+                         "trainer_speedup"])
+    result["shared_prompt"] = shared
     result["batch_trajectory_on"] = [[round(t, 3), int(b), int(k)] for t, b, k in trajectories["on"][:: max(1, len(trajectories["on"]) // 20)]]
     if s.name == "seed-8b-sync" and args.k is None and args.acceptance_length is None and args.gpus is None:
         pub = {"rollout_speedup": published.SEED_8B["generation_s"][0] / published.SEED_8B["generation_s"][1],

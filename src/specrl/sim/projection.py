@@ -24,7 +24,7 @@ from specrl.sim.models import get_model
 from specrl.sim.rl_loop import (StepTimes, best_async_step, fsdp_comm_time, logprob_time, sync_step, train_time,
                                 weight_transfer_time)
 from specrl.sim.scenarios import Scenario
-from specrl.sim.workload import expected_length
+from specrl.sim.workload import Workload, expected_length, trained_tokens
 
 
 def _stages(t: StepTimes) -> dict:
@@ -63,7 +63,7 @@ def trainer_scaling(s: Scenario, trainer_gpus: list[int], gpus_per_node: int = 8
     broadcast, with speculation off and on (staleness 1: generation and training overlap)."""
     model, device = get_model(s.model), get_device(s.device)
     rollout_gpus = s.gpus
-    tokens = s.workload.requests * (s.workload.prompt_tokens + expected_length(s.workload.lengths))
+    tokens = trained_tokens(s.workload, s.shared_prompt)
     generation = {k: sync_step(replace(s, gpus=rollout_gpus).setup(k=k)).generation for k in (0, s.k)}
     broadcast = weight_transfer_time(model, device, s.layout.devices, colocated=False)
     rows = []
@@ -76,6 +76,24 @@ def trainer_scaling(s: Scenario, trainer_gpus: list[int], gpus_per_node: int = 8
                      "generation_on_s": round(generation[s.k], 3), "step_off_s": round(off, 3),
                      "step_on_s": round(on, 3), "step_speedup": round(off / on, 4),
                      "bound_by": "training" if compute + comm > generation[0] else "generation"})
+    return rows
+
+
+def shared_prompt_table(s: Scenario, group_sizes=(8, 16), prompt_tokens=(None, 2048, 8192)) -> list[dict]:
+    """What computing each prompt once per group saves the trainer, at the scenario's number of sequences per step,
+    for each group size and prompt length (None: the scenario's own): the tokens its forward and backward run over
+    (millions), each prompt once per sequence against once per group. Its logprob and training seconds scale with
+    them (`train_time`, `logprob_time`); the rollouts are the same either way."""
+    w = s.workload
+    rows = []
+    for prompt in prompt_tokens:
+        for g in group_sizes:
+            shaped = Workload(max(w.requests // g, 1), g, prompt or w.prompt_tokens, w.lengths)
+            per_sequence, shared = (trained_tokens(shaped, flag) for flag in (False, True))
+            rows.append({"prompt_tokens": shaped.prompt_tokens, "group_size": g,
+                         "response_tokens": round(expected_length(w.lengths)),
+                         "mtokens_per_sequence": round(per_sequence / 1e6, 3), "mtokens_shared": round(shared / 1e6, 3),
+                         "trainer_speedup": round(per_sequence / shared, 3)})
     return rows
 
 

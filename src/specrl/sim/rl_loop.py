@@ -15,7 +15,9 @@ version old while the trainer trains step i, so the two overlap fully in steady
 state; max_staleness = 0 on split pools runs them one after the other.
 
 Training FLOPs are 6 * N_active * tokens (forward + backward), logprobs 2 * N_active
-* tokens (a forward); both at `train_mfu` of peak. Ignores: optimizer time, the
+* tokens (a forward); both at `train_mfu` of peak. The tokens count each prompt once per
+sequence, as the seed's trainer does, or once per group with `shared_prompt` (specrl's
+packed trainer; `workload.trained_tokens`). Ignores: optimizer time, the
 reward/verifier time, pipeline bubbles, and data-loader stalls.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from specrl.sim.hardware import Device
 from specrl.sim.iteration import Engine
 from specrl.sim.models import ModelSpec, active_params, total_params
 from specrl.sim.rollout import RolloutResult, simulate_rollout, steady_state_rollout
-from specrl.sim.workload import Workload, expected_length
+from specrl.sim.workload import Workload, trained_tokens
 
 
 def train_time(model: ModelSpec, tokens: float, device: Device, gpus: int, mfu: float) -> float:
@@ -78,6 +80,7 @@ class RLSetup:
     policy: speculation policy (FixedK / AdaptiveK); K=0 policies turn speculation off.
     train_mfu: training (and logprob) MFU.
     max_seqs: live sequences per rollout replica.
+    shared_prompt: the trainer computes each prompt once per group (see the module docstring).
     """
 
     device: Device
@@ -91,6 +94,7 @@ class RLSetup:
     train_mfu: float = 0.35
     max_seqs: int = 256
     seed: int = 0
+    shared_prompt: bool = False
 
 
 @dataclass
@@ -106,8 +110,7 @@ class StepTimes:
 
 
 def _tokens(setup: RLSetup) -> float:
-    w = setup.workload
-    return w.requests * (w.prompt_tokens + expected_length(w.lengths))
+    return trained_tokens(setup.workload, setup.shared_prompt)
 
 
 def sync_step(setup: RLSetup) -> StepTimes:

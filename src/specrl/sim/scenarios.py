@@ -44,6 +44,8 @@ class Scenario:
 
     mode: "sync" or "async". k: drafts per iteration with speculation on (the most, for the planner).
     acceptance_length: aggregate acceptance length at K (sets the acceptance mean).
+    shared_prompt: price the trainer with each prompt computed once per group (specrl's packed trainer)
+    rather than once per sequence (the seed's).
     controller: who picks K each iteration: "planned", the embedded engine's planner users get (K up to k,
     0 where it does not pay); "fixed", always k (the seed's setting); "oracle", the best K for the true
     acceptance and costs (an upper bound, not a controller anyone runs).
@@ -64,6 +66,7 @@ class Scenario:
     notes: str = ""
     extra: dict = field(default_factory=dict)
     controller: Literal["planned", "fixed", "oracle"] = "planned"
+    shared_prompt: bool = False  # the trainer computes each prompt once per group (the seed's does not)
 
     def acceptance(self) -> Acceptance:
         return with_length(acceptance_shape(), self.k, self.acceptance_length)
@@ -77,7 +80,7 @@ class Scenario:
             workload=self.workload, acceptance=acceptance or self.acceptance(),
             policy=policy or self.policy(k, acceptance or self.acceptance()),
             drafter=get_drafter(self.drafter, model) if k else None,
-            train_mfu=self.train_mfu, max_seqs=self.max_seqs,
+            train_mfu=self.train_mfu, max_seqs=self.max_seqs, shared_prompt=self.shared_prompt,
         )
 
     def policy(self, k: int, acceptance: Acceptance):

@@ -68,3 +68,10 @@ def sample_lengths(dist: LengthDistribution, n: int, rng: np.random.Generator) -
 def expected_length(dist: LengthDistribution, samples: int = 200_000, seed: int = 0) -> float:
     """Mean response length after truncation and cap mass (Monte Carlo, seeded)."""
     return float(sample_lengths(dist, samples, np.random.default_rng(seed)).mean())
+
+
+def trained_tokens(w: Workload, shared_prompt: bool) -> float:
+    """Tokens the trainer's forward and backward run over in one step: every response, and each prompt once per
+    sample (a row per sequence) or once per group (`shared_prompt`: specrl's packed trainer, `rl.packing`)."""
+    prompts = w.prompts if shared_prompt else w.requests
+    return prompts * w.prompt_tokens + w.requests * expected_length(w.lengths)
