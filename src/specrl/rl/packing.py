@@ -44,7 +44,7 @@ class PackedBatch:
     logit_positions: torch.Tensor  # [N] long: the position whose logits predict each response token
     targets: torch.Tensor  # [N] long: the response tokens, row-major
     response_mask: torch.Tensor  # [R, L] bool: True on each row's response tokens (L = longest response)
-    unpack_index: torch.Tensor  # [R, W] long: row i's prompt + response tokens as packed positions (`train_batch`'s layout)
+    unpack_index: torch.Tensor  # [R, W] long: each row's prompt + response as packed positions (`train_batch`'s layout)
 
     @property
     def tokens(self) -> int:
@@ -150,6 +150,6 @@ def pack(prompts: list[list[int]], responses: list[list[int]], rows: range, budg
             unpack[local, :len(prompt)] = torch.arange(prompt_start, prompt_start + len(prompt))
             unpack[local, len(prompt):len(prompt) + len(response)] = torch.arange(start, start + len(response))
         block += 1
-    as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
-    return PackedBatch(rows, as_long(ids)[None], as_long(positions)[None], as_long(segments), as_long(prompt_of),
-                       as_long(logit_positions), as_long(targets), mask, unpack)
+    ids, positions, segments, prompt_of, logit_positions, targets = (
+        torch.tensor(v, dtype=torch.long) for v in (ids, positions, segments, prompt_of, logit_positions, targets))
+    return PackedBatch(rows, ids[None], positions[None], segments, prompt_of, logit_positions, targets, mask, unpack)

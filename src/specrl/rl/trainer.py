@@ -28,7 +28,6 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from specrl.device import resolve_device
