@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specrl.models.registry import ASSETS, cache_dir, draft_for, resolve_checkpoint
+from specrl.cache import cache_dir
+from specrl.models.registry import ASSETS, draft_for, resolve_checkpoint
 
 
 def _checkpoint(path, config=None):

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     from specrl.training.pretraining import PretrainConfig, pretrain
-    from specrl.models.registry import cache_dir
+    from specrl.cache import cache_dir
 
     config = PretrainConfig(
         steps=args.steps, draft_steps=args.draft_steps, batch_size=args.batch_size,

@@ -54,6 +54,8 @@ from pathlib import Path
 
 import torch
 
+from specrl.cache import cache_dir
+
 # the kernels and, built into the same library, the decoder layer that calls them (`decoder_layer.py`) and the
 # draft sampler (`draft_sampler.py`); the header they share is part of the build's hash
 SOURCES = tuple(Path(__file__).with_name(name)
@@ -90,9 +92,7 @@ def build(out: Path) -> Path:
 
 
 def _cached_path() -> Path:
-    env = os.environ.get("SPECRL_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "specrl"
-    return root / "kernels" / f"small_gemm-{_digest()}.so"
+    return cache_dir() / "kernels" / f"small_gemm-{_digest()}.so"
 
 
 @functools.cache

