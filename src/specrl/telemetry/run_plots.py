@@ -53,8 +53,8 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         rows = [r for r in drafted if pos < len(r["spec"]["num_accepted_tokens_per_pos"])]
         rates = [r["spec"]["num_accepted_tokens_per_pos"][pos] / r["spec"]["num_drafts"] for r in rows]
         right.plot([r["step"] for r in rows], running_mean(rates, window), label=f"position {pos}")
-    right.set_xlabel("step"), right.set_ylabel("accepted share"), right.grid(alpha=0.3)
-    right.set_title(f"acceptance per draft position (mean of {window} drafting steps)")
+    right.set_xlabel("step"), right.set_ylabel(f"accepted share (mean of {window} drafting steps)"), right.grid(alpha=0.3)
+    right.set_title("acceptance per draft position")
     if width:
         right.legend(fontsize=8)
     written.append(_save(fig, out_dir / "acceptance.png"))
@@ -107,15 +107,18 @@ def _drain_plots(records: list[dict], out_dir: Path) -> list[Path]:
     if not traced:
         return []
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    # the representative step: the one whose generation took the median number of engine steps
-    shown = sorted(traced, key=lambda r: len(r["drain"]))[len(traced) // 2]
-    t, live, k = zip(*[(e[0], e[1], e[2]) for e in shown["drain"]])
-    left.step(t, live, where="post", color="tab:blue", label="live rows")
-    left.set_xlabel("seconds into generation"), left.set_ylabel("live rows", color="tab:blue")
-    left.set_title(f"step {shown['step']}: the batch drains"), left.grid(alpha=0.3)
+    # the representative step: among those that drafted at all, the one with the median number of engine steps
+    drafting = [r for r in traced if any(e[2] for e in r["drain"])] or traced
+    shown = sorted(drafting, key=lambda r: len(r["drain"]))[len(drafting) // 2]
+    live, k = [e[1] for e in shown["drain"]], [e[2] for e in shown["drain"]]
+    index = range(1, len(live) + 1)
+    left.step(index, live, where="post", color="tab:blue", label="live rows")
+    left.set_xlabel("engine step of the generate call"), left.set_ylabel("live rows", color="tab:blue")
+    left.set_title(f"GRPO step {shown['step']}: the batch drains"), left.grid(alpha=0.3)
     drafts = left.twinx()
-    drafts.step(t, k, where="post", color="tab:orange", label="k (drafts per row)")
-    drafts.set_ylabel("k (0 = plain)", color="tab:orange"), drafts.set_ylim(-0.2, max(k) + 0.5)
+    drafts.step(index, k, where="post", color="tab:orange", label="k (drafts per row; 0 = plain)")
+    drafts.set_ylabel("k", color="tab:orange"), drafts.set_ylim(-0.2, max(k) + 1.5)
+    drafts.set_yticks(range(max(k) + 1))
     left.legend(handles=left.get_lines() + drafts.get_lines(), fontsize=8, loc="upper right")
     counts: dict[int, dict[int, int]] = {}  # live-batch bucket (power of 2) -> {k: engine steps}
     for r in traced:
