@@ -2,120 +2,39 @@
 
 `best_option` is the rule every choice goes through: the most expected tokens per second, and plain
 decoding unless the best beats it by `min_gain` (the never-lose rule). Its users price their own options:
-    the engine      `SpeculationController.choose_step`: K (0 = plain decoding) and chain or tree width,
-                    for each step of the live batch (below);
+    the engine      `SpeculationController.choose_step`: K (0 = plain) and chain or tree width per step,
+                    returned as a `StepPlan` with its reason (`REASONS`);
     the hybrid      `HybridProposer.choose`: which draft source (its model part or the suffix draft) at k;
-    the simulator   `sim.speculation.PlannedK`: this controller, fed the simulated step times and the
-                    acceptance the simulated steps show it.
+    the simulator   `sim.speculation.PlannedK`: this controller, fed simulated step times and acceptance.
 
-The engine's choice maximises expected tokens per second:
+Rate of an option: rate(k, w) = tau(k, w) / T(B, k, w), with tau the tokens a row keeps,
+    tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted) g^(i+1)
+g the chance a kept token is not the row's last (from the live rows' positions in their answers and
+the lengths of retired rows, `ResponseLengths`), and no draft past the room left before max_tokens.
+P(...) is the measured acceptance (`AcceptanceEstimate`, per position, per sampling setting and tree
+width; a new setting starts at the prior). Trees are options when the proposer drafts them and
+B * (1 + w k) <= `max_tree_rows`.
 
-    rate(k) = tau(k) / T(B, k),   tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted) g^(i+1)
+Step time T, from least-squares fits with exponential forgetting:
+    plain(B)     = a0 + b0 * B        (plain steps only; at a batch size where plain steps ran, their
+                                       decayed mean there, `plain_seconds`)
+    verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B + one offset per k in (0, max_k)
+    draft(B, k)  = k * (e + f * B)    (the proposer's own time, as the engine reports it)
+Not fitted: a plain step right after a speculative one or a prefill, and the first speculative step
+(each runs on cold caches or pays one-time costs). Where no speculative step ran in a power-of-two range
+of B, an option is priced as `_could_pay` prices it (its verify as a plain step over as many tokens).
 
-counting the tokens a row keeps: g is the chance that a kept token is not the row's last, 1 - the
-stop tokens (and strings) per kept token, from decayed counts of the steps run. A chain drafted past
-a row's stop token is thrown away: on `tiny`, whose responses stop after 7-10 tokens, chains of 6
-drafted at batch 8 won every step on its own and lost the call (0.88x), the second chain of each
-response being mostly past its end. Where the engine says where its live rows are in their responses
-(`choose_step`'s `generated`), g^(i+1) is their own chance of going on past draft i, from the lengths
-of the rows retired (`ResponseLengths`, per generated position), averaged over the rows: a drain's
-last rows are mostly at their answer's end. Likewise a step drafts no further than the most tokens a
-live row may still emit before max_tokens (`room`). Exploring and refreshing (`_could_pay`) price by
-the one rate: early in answers the rows' own chances are near 1, and with them every k looked worth
-exploring at `tiny`'s batch 64 (each such step cost 5-10 plain ones).
+Exploration and refresh: k = 0 runs `min_samples` steps, then k = 1 once, then each other option once
+and k = max_k `min_samples` times over the controller's life, each only where it could pay if every
+draft were accepted (`_could_pay`); k = 0 runs once in each new power-of-two range. After
+`refresh_every` plain steps a short speculative step re-measures acceptance; each refresh that leaves
+speculation off doubles the wait, up to `refresh_max`. While speculating, two plain steps follow every
+`refresh_every` speculative ones to keep plain's fit current. Where pricing chose plain decoding, the
+next `reprice_every` - 1 steps in that range decode plainly without pricing.
 
-Trees (`speculation.tree`: w candidate first tokens, each with its own chain of k - 1 drafts) are
-options too when the proposer drafts them (`max_width` > 1) and the step stays small (B * (1 + w k)
-<= `max_tree_rows` tokens): the same rate, with tau measured per width and the verify model fed the
-tree's w * k extra tokens per row. `choose_step` returns a `StepPlan` (k, w and the reason, one of
-`REASONS`); `choose` the chain-only k.
-
-T(B, k), the wall time of a whole step, comes from linear models fitted to the steps run so far, by
-least squares with exponential forgetting (recent steps weigh more):
-
-    plain(B)     = a0 + b0 * B                                 a step of plain decoding (k = 0)
-    verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B     target pass over B*(k+1) tokens,
-                                                               sampling, bookkeeping
-    draft(B, k)  = k * (e + f * B)                             the proposer's own time, which the
-                                                               engine measures and reports per step
-
-A speculative step costs verify + draft (when no proposer time is reported, verify absorbs it through
-its k terms), plain decoding plain(B). The verify model is fitted to every step, plain ones too: a
-rollout drains through many batch sizes, so steps at one size inform the others. But plain decoding,
-the option every other is measured against, is priced from a fit of its own, to plain steps only,
-which forgets only as plain steps come. Priced by the shared model, a long speculative stretch forgot
-what plain steps cost and inferred it from the speculative ones (on `tiny` at batch 34, plain at
-1.2 ms against 0.9 measured, so k = 1 looked 13% faster and ran 13% slower, and speculating, the
-controller never saw otherwise). At a batch size where plain steps were measured, the price is their
-decayed mean there (`plain_seconds`), the line only elsewhere: a plain step is DRAM-bound, flat, up to ~6 rows
-on SmolLM2 and compute-bound past it, so a line through a drain's plain steps, most at 16-32 rows, priced one
-at 4 rows at 18 ms against 20 measured (13.6 against 20 at 1 row), and at 4-7 rows a GRPO drain decoded
-plainly on most steps where k = 3 paid. While speculating, two plain steps run after every `refresh_every`
-speculative ones to keep that fit current; the first is not fitted, nor is any plain step right
-after a speculative one: the draft's pass leaves the caches colder than plain decoding finds them
-(on `tiny` at batch 8, 0.75 against 0.55 ms). Nor is the first step after a prefill (`prefilled`: a
-call's start, or the cache recompute after an in-flight weight update), on caches the prefill left cold
-(on `tiny` at batch 64, 1.6 against 1.1 ms): with speculation on, plain steps are few, and those first
-steps priced plain decoding dear enough that k = 1 ran and lost. Nor is the controller's first speculative
-step: it pays one-time costs (on `tiny` the first in a process took 6.9 ms against 1.1, its draft 0.48 ms
-against 0.33), and on a draft as dear as `tiny`'s, whose bound is near plain decoding's, one slow draft
-measurement priced every option out for good, so the engine never speculated (2 of ~20 benchmark runs).
-P(first i+1 accepted) is the measured acceptance (`AcceptanceEstimate`: per position, conditional on
-the positions before it, from decayed counts of the rows that reached and accepted it), kept apart for
-each sampling setting (temperature, top-p, top-k) and tree width: greedy drafts are accepted far more
-often than temperature-1 ones, and a benchmark's or an evaluation's greedy call must not leave its
-acceptance to the RL calls after it. The engine names the setting of each call (`use_sampling`); a new
-setting starts at the prior.
-
-In a power-of-two range of B where no speculative step has been measured yet, the verify and draft
-models' slopes in B are an extrapolation from the ranges that were (from batch 1 alone they are not
-even identified), so there an option is priced as `_could_pay` prices it: its verify pass as a plain
-step over as many tokens, its drafts at their fitted cost at the nearest batch size measured, scaled as
-a plain step's cost scales between the two sizes (`_unfitted_seconds`), until a speculative step runs
-there. On `tiny`, after a benchmark's batch-1 calls the models priced k = 7 at batch 8 at 15 ms (a
-k = 8 step there measures 3.8), so batch 8 decoded plainly, at 0.86x of the plain engine, where
-speculating measured 1.23x. Taking costs as flat in B until two sizes pin their slopes (a ridge on the
-slopes) fixed that and broke GRPO both ways: the draft, measured at 19-22 rows, was priced at batch 1
-at the 20-row pass's cost, so no option could pay in a drain's tail; and plain decoding, its fit
-remembering ~10 steps at nearby sizes, was priced flat up to 124 rows, so k = 3 ran at 31 rows, 0.3 s
-a step against 0.07 plain.
-
-The verify model also carries one indicator per k strictly between 0 and max_k: matmul
-kernels do not cost linearly in the rows they multiply (on this CPU 2-3 rows stream a
-weight at nearly the 1-row rate, 4 rows at 1.7x), so a line through k = 0 and k = max_k
-would overprice the k in between; each k's own offset is learned instead.
-
-Exploration: k = 0 runs `min_samples` steps, then k = 1 once (the cheapest draft: with the plain
-steps it starts the fits that bound every other option, `_could_pay`), then every other option
-(k in between, trees) once and k = max_k `min_samples` times, over the controller's life, not per
-batch size. Starting with k = max_k cost a GRPO run on SmolLM2 two k = 8 steps at 32 and 24 live
-rows, 2.3 s of a 20 s rollout budget (its first step ran at 174 against ~215 tokens/s). On
-`tiny`, where a draft's forward costs as much as the target's, re-exploring every option in each
-power-of-two range of a draining batch of 64 made most speculative steps exploratory (eagle3
-0.62x; 0.78-0.87x without; docs/benchmarks.md). The fitted models carry costs across batch sizes, and every step run at a new size corrects them;
-k = 0 still runs once in each new power-of-two range, which costs nothing over plain
-decoding and anchors that range's cost. Once k = 0 and k = 1 have run, an option is explored
-only at a batch where it could beat plain decoding if every draft were accepted (`_could_pay`:
-its verify pass priced as a plain step over as many tokens); elsewhere it waits for a batch where
-it could. While speculation is off the
-acceptance estimate cannot move, so after `refresh_every` steps in a row with k = 0 a step
-runs k = min(max_k, refresh_k) once (a refresh): a draft that got better (or siblings that now agree) is
-noticed. A refresh moves the acceptance estimate by `refresh_weight`, not `smoothing`, so one
-refresh is enough to notice. Each refresh that leaves speculation off doubles the wait for the
-next, up to `refresh_max` steps; speculating again resets it. So a draft that never pays costs
-a refresh per `refresh_every` steps at first and ever fewer later (on `tiny`, where a refresh
-step costs 3-4 plain steps, one per 32 cost ~10%); a refresh, too, runs only where it could pay,
-its drafts priced at the cheapest pass measured there (it re-measures their cost too: `_could_pay`).
-Where pricing chose plain decoding, the next `reprice_every` - 1 steps in that power-of-two range of
-batch sizes decode plainly without pricing (and without fitting; a draining batch of 64 on `tiny`
-visits a new size most steps, and priced at each, the controller cost ~4% of the call), unless only
-where the rows are in their answers made plain decoding win (a last row at its answer's end must not
-hold the next call's first steps plain). Because
-k = 0 is always a candidate, speculation is switched off wherever it does not pay (or pays less
-than `min_gain`: a predicted 2% gain is within the fitted models' error, and a wrong guess there
-costs more than it could win, as measured at batch 4 on SmolLM2, docs/benchmarks.md): a
-slow or rarely accepted draft cannot make a rollout slower than plain decoding, beyond
-those exploratory steps.
+Since k = 0 is always a candidate, a slow or rarely accepted draft cannot make a rollout slower than
+plain decoding beyond the exploratory and refresh steps. The measurements behind each rule are in
+docs/log.md ("the planner's rules and the measurements that set them").
 """
 from __future__ import annotations
 
