@@ -67,13 +67,13 @@ def job(vocab: int, prompts: int, group_size: int, prompt_tokens: int, lengths: 
 
 def token_counts(prompts, responses, padded_micro_batch: int, budget: int) -> dict:
     """Tokens each layout runs its body over, and the positions each runs the LM head at."""
-    padded = sum(len(range(s, min(s + padded_micro_batch, len(prompts))))
-                 * max(len(prompts[i]) + len(responses[i]) for i in range(s, min(s + padded_micro_batch, len(prompts))))
-                 for s in range(0, len(prompts), padded_micro_batch))
-    packed = sum(pack(prompts, responses, rows, budget).tokens for rows in micro_batches(prompts, responses, budget))
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    padded = sum(len(part) * max(part) for part in (lengths[s:s + padded_micro_batch]
+                                                    for s in range(0, len(lengths), padded_micro_batch)))
+    parts = micro_batches(prompts, responses, budget)
+    packed = sum(pack(prompts, responses, rows, budget).tokens for rows in parts)
     return {"padded_tokens": padded, "packed_tokens": packed, "padded_head_positions": padded,
-            "packed_head_positions": sum(len(r) for r in responses),
-            "packed_micro_batches": len(micro_batches(prompts, responses, budget))}
+            "packed_head_positions": sum(len(r) for r in responses), "packed_micro_batches": len(parts)}
 
 
 def main(argv=None) -> dict:

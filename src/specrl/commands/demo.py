@@ -23,7 +23,6 @@ from specrl.commands.common import console
 from specrl.speculation.planner import REASONS
 from specrl.telemetry.run_plots import plot_run
 
-SPECULATIVE_REASONS = ("fixed", "refresh", "explore", "priced")  # the reasons whose steps ran drafts
 PAYOFF_MODEL = "smollm2-135m"
 
 
@@ -46,13 +45,15 @@ def register(subparsers) -> None:
 
 
 def run_story(run_dir: Path, summary: dict) -> dict:
-    """What the run's speculation did and the parity check, from its summary and metrics.jsonl."""
-    reasons = summary.get("plan_reasons", {})
-    speculated = sum(n for r, n in reasons.items() if r in SPECULATIVE_REASONS)
-    errors = [json.loads(line)["train"]["logprob_abs_error_max"]
-              for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"decode_steps_speculated": speculated, "decode_steps_plain": sum(reasons.values()) - speculated,
-            "plan_reasons": reasons, "parity_steps": len(errors), "parity_error_max": max(errors, default=None)}
+    """What the run's speculation did (decode steps by k, from metrics.jsonl, and the planner's reasons) and the
+    parity check."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [(int(k), n) for r in records for k, n in r["k_histogram"].items()]
+    speculated = sum(n for k, n in steps if k > 0)
+    errors = [r["train"]["logprob_abs_error_max"] for r in records]
+    return {"decode_steps_speculated": speculated, "decode_steps_plain": sum(n for _, n in steps) - speculated,
+            "plan_reasons": summary.get("plan_reasons", {}), "parity_steps": len(errors),
+            "parity_error_max": max(errors, default=None)}
 
 
 def print_story(story: dict, summary: dict) -> None:

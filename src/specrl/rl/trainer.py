@@ -210,17 +210,22 @@ class PolicyTrainer:
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=full,
                                  options=StateDictOptions(full_state_dict=True))
 
+    def _forward(self, packed: PackedBatch, layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The policy's packed forward: its logits at the response-predicting positions, and the hidden states
+        after the engine layer indices `layers` (`capture_hidden`)."""
+        hidden, release = capture_hidden(self.model, layers)
+        try:
+            return packed_logits(self.model, packed), hidden
+        finally:
+            release()
+
     @torch.no_grad()
     def head_acceptance(self, head, prompts: list[list[int]], responses: list[list[int]]) -> list[float]:
         """Per depth, `head`'s expected acceptance against this policy on these sequences (no update)."""
         totals = None
         for rows in micro_batches(prompts, responses, self.optim.micro_batch_tokens):
             packed = pack(prompts, responses, rows, self.optim.micro_batch_tokens).to(self.device)
-            hidden, release = capture_hidden(self.model, head.hidden_layers)
-            try:
-                logits = packed_logits(self.model, packed)
-            finally:
-                release()
+            logits, hidden = self._forward(packed, head.hidden_layers)
             part = [(a * n, n) for a, n in head.expected_acceptance(*padded_views(prompts, responses, packed, logits,
                                                                                    hidden, self.pad_id))]
             totals = part if totals is None else [(x + a, m + n) for (x, m), (a, n) in zip(totals, part)]
@@ -252,12 +257,8 @@ class PolicyTrainer:
             idle = index >= len(parts)  # a rank with fewer micro-batches repeats one with no loss (see below)
             rows = parts[-1 if idle else index]
             packed = pack(prompts, responses, rows, self.optim.micro_batch_tokens).to(self.device)
-            hidden, release = capture_hidden(self.model, hidden_layers if on_micro_batch else ())
-            try:
-                with self._autocast():
-                    logits = packed_logits(self.model, packed)
-            finally:
-                release()
+            with self._autocast():
+                logits, hidden = self._forward(packed, hidden_layers if on_micro_batch else ())
             if idle:  # every rank runs the same collectives; this one adds nothing to the gradient
                 (logits.sum() * 0.0).backward()
                 continue
