@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from specrl import cli
 from specrl.bench.rollout_bench import RolloutBenchConfig, bench_inputs, run_rollout_bench
 
 
@@ -73,25 +74,22 @@ def test_the_exactness_bench_scores_every_variant():
 
 
 def test_the_verify_cost_bench_times_every_shape_and_ends_with_its_json_line(capsys):
-    from specrl.bench.verify_cost import main
-
-    summary = main(["--device", "cpu", "--models", "tiny", "--batches", "1,2", "--ks", "2", "--context", "8",
-                    "--rounds", "2"])
+    assert cli.main(["bench", "verify-cost", "--device", "cpu", "--models", "tiny", "--batches", "1,2", "--ks", "2",
+                     "--context", "8", "--rounds", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [(r["batch"], r["k"]) for r in summary["rows"]] == [(1, 0), (1, 2), (2, 0), (2, 2)]
     assert all(r["ms"] > 0 and r["sim_ms"] > 0 for r in summary["rows"])
     assert all(r["over_plain"] == 1.0 for r in summary["rows"] if r["k"] == 0)
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
 
 
 def test_the_trainer_step_bench_times_packed_against_padded_and_ends_with_its_json_line(capsys):
-    from specrl.bench.trainer_step import main
-
-    summary = main(["--device", "cpu", "--model", "tiny", "--prompts", "2", "--group-size", "3", "--prompt-tokens",
-                    "6", "--response-tokens", "2,5", "--rounds", "1", "--padded-micro-batch", "2"])
+    assert cli.main(["bench", "trainer-step", "--device", "cpu", "--model", "tiny", "--prompts", "2", "--group-size",
+                     "3", "--prompt-tokens", "6", "--response-tokens", "2,5", "--rounds", "1",
+                     "--padded-micro-batch", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["padded_step_s"] > 0 and summary["packed_step_s"] > 0 and summary["speedup_median"] > 0
     # 2 prompts of 6 tokens computed once each instead of 3 times; the head runs only at response positions
     assert summary["packed_tokens"] == 2 * 6 + summary["packed_head_positions"] < summary["padded_tokens"]
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
 
 
 def test_the_rollout_bench_names_the_int8_kernel_the_self_draft_ran():
@@ -129,3 +127,18 @@ def test_the_trl_bench_runs_one_job_under_both_frameworks_with_the_same_settings
         (4, 6, 1e-4, 2)
     assert trl["per_device_train_batch_size"] * trl["gradient_accumulation_steps"] == 8
     assert out["specrl_config"]["task"]["path"] == str(data)
+
+
+def test_the_forward_pass_and_self_draft_acceptance_benches_run_as_subcommands(capsys):
+    assert cli.main(["bench", "forward-pass", "--model", "tiny", "--shapes", "1x1,2x3", "--rounds", "1",
+                     "--context", "10"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(s["rows"], s["tokens"]) for s in summary["shapes"]] == [(1, 1), (2, 3)]
+    assert all(s["fp32_fused_ms"] > 0 and s["int8_projections_ms"] > 0 for s in summary["shapes"])
+    assert cli.main(["bench", "self-draft-acceptance", "--model", "tiny", "--samples", "2", "--max-tokens", "4",
+                     "--kernels", "eager"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(summary["acceptance"]["eager"]) == {"drift 0", "drift 0.02", "drift 0.05"}
+    assert all(0 < v["p10"] <= 1 and 0 < v["mean"] <= 1 for v in summary["acceptance"]["eager"].values())
+    assert cli.main(["bench", "self-draft-acceptance", "--kernels", "no-such-kernel"]) == 1
+    assert "kernels ['no-such-kernel'] cannot run here" in capsys.readouterr().err

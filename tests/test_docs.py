@@ -124,3 +124,41 @@ def test_the_planners_reasons_table_is_the_planners_own():
     page = (ROOT / "docs" / "drafters.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z-]+)` \| (.+?) \|$", page[page.index("| reason | the step |"):], re.M))
     assert rows == REASONS
+
+
+PACKAGE = ROOT / "src" / "specrl"
+REPO_PATH = re.compile(r"`((?:src|tests|docs|examples|\.ci)/[\w./-]*|(?:%s)/[\w./-]*|test_\w+\.py)`|\]\(((?!https?:)[^)#\s]+)"
+                       % "|".join(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_")))
+UNCOMMITTED = re.compile(r"runs/[\w./-]+\.(?:py|sh)\b|\bissue (?:#\d+|tracker)\b|\bthe issue's\b|\(#\d+\)")
+
+
+def named_repository_paths(text: str, page: Path) -> list[str]:
+    """Paths into the repository a page names (in code spans or as link targets) that do not exist: tried from
+    the repository root, the page's folder and the package, and a test file by its name under tests/."""
+    missing = []
+    for span, link in REPO_PATH.findall(text):
+        path = span or link
+        module = path.rsplit(".", 1)[0] + ".py"  # `speculation/tree.verify_tree`: a name in a module
+        found = any((base / p).exists() for base in (ROOT, page.parent, PACKAGE) for p in (path, module))
+        if not found and not any((ROOT / "tests").glob(f"**/{path}")):  # a test file by its name
+            missing.append(path)
+    return missing
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_repository_path_a_page_names_exists(page):
+    assert not named_repository_paths(page.read_text(), page), f"{page.name} names paths that do not exist"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_no_page_cites_an_uncommitted_script_or_the_issue_tracker(page):
+    found = UNCOMMITTED.findall(page.read_text())
+    assert not found, f"{page.name} cites what a reader cannot see: {found}"
+
+
+def test_a_stale_path_and_an_uncommitted_script_are_caught():
+    page = ROOT / "docs" / "planted.md"
+    assert named_repository_paths("see `speculation/no_such_module.py` and [it](docs/nothing.md)", page) == \
+        ["speculation/no_such_module.py", "docs/nothing.md"]
+    assert named_repository_paths("see `speculation/planner.py`, `test_planner.py` and [d](drafters.md)", page) == []
+    assert UNCOMMITTED.findall("measured by runs/s44/replay.py, as the issue's targets ask (issue #49)")

@@ -18,7 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 from helpers import save_random_checkpoint
-from specrl.speculation.planner import SpeculationController, StepPlan
+from specrl.speculation.planner import Planner, StepPlan
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_state_dict
 from specrl.models.kv_cache import KVCache, retired_rows_order
@@ -280,12 +280,12 @@ def test_weight_sync_changes_outputs_and_stamps_the_version(target_dir):
     assert after.logprobs != before.logprobs
 
 
-def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, draft_dir):
-    """The controller's choice (tested on synthetic costs in test_adaptive.py) drives each step;
+def test_engine_runs_the_k_its_planner_chooses_and_stays_exact(target_dir, draft_dir):
+    """The planner's choice (tested on synthetic costs in test_planner.py) drives each step;
     whatever K it picks, step by step, the greedy output is unchanged."""
     schedule = iter([3, 0, 2, 0, 1] * 40)
 
-    class Scripted(SpeculationController):
+    class Scripted(Planner):
         def choose_step(self, batch: int, room: int | None = None, generated=None) -> StepPlan:
             self.last = StepPlan(next(schedule), 1, "scripted")
             return self.last
@@ -293,7 +293,7 @@ def test_engine_runs_the_k_its_controller_chooses_and_stays_exact(target_dir, dr
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     base = make_engine(target_dir).generate(PROMPTS, params)
     engine = make_engine(target_dir, "draft", draft_dir, k=3, adaptive=True)
-    engine.controller = Scripted(max_k=3)
+    engine.planner = Scripted(max_k=3)
     result = engine.generate(PROMPTS, params)
     assert [c.token_ids for c in result.completions] == [c.token_ids for c in base.completions]
     assert set(result.k_histogram) == {0, 1, 2, 3}

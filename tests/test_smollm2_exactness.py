@@ -30,7 +30,7 @@ import torch
 from scipy.stats import kstest
 
 from specrl.bench.exactness_bench import exact_terms
-from specrl.speculation.planner import SpeculationController, StepPlan
+from specrl.speculation.planner import Planner, StepPlan
 from specrl.engine.engine import EngineConfig, RolloutEngine
 from specrl.models.checkpoint import load_causal_lm, load_tokenizer
 from specrl.models.llama import LlamaModel
@@ -55,7 +55,7 @@ SCHEDULES = {"eagle3": [(0, 1), (3, 1), (0, 1), (0, 1), (2, 3), (1, 1), (3, 3), 
              "int8": [(0, 1), (3, 1), (0, 1), (8, 1), (1, 1), (5, 1)]}  # the int8 self-draft drafts chains
 
 
-class Scripted(SpeculationController):
+class Scripted(Planner):
     def __init__(self, schedule: list[tuple[int, int]]):
         super().__init__(max_k=max(k for k, _ in schedule), max_width=max(w for _, w in schedule))
         self.schedule, self.step = schedule, 0
@@ -68,7 +68,7 @@ class Scripted(SpeculationController):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """Per proposer, an engine with its scripted controller; the clean reference model; the prompt's ids."""
+    """Per proposer, an engine with its scripted planner; the clean reference model; the prompt's ids."""
     torch.set_num_threads(2)
     path = resolve_checkpoint("smollm2-135m")
     tokenizer = load_tokenizer(path)
@@ -76,10 +76,10 @@ def smollm2():
     head = load_head(draft_checkpoint("smollm2-135m", "eagle3", None), target, "eagle3")
     engines = {}
     for name, proposer in (("eagle3", HeadProposer(head)), ("int8", Int8DraftProposer(target))):
-        controller = Scripted(SCHEDULES[name])
+        planner = Scripted(SCHEDULES[name])
         engines[name] = RolloutEngine(target, tokenizer, proposer,
-                                      EngineConfig(num_speculative_tokens=controller.max_k))
-        engines[name].controller = controller
+                                      EngineConfig(num_speculative_tokens=planner.max_k))
+        engines[name].planner = planner
     prompt = preset_prompts("smollm2-135m", tokenizer, 1, seed=3)[0]
     return engines, load_causal_lm(path).eval(), tokenizer.encode(prompt, add_special_tokens=False)
 
@@ -99,7 +99,7 @@ def pit_and_logprob_terms(reference, prompt: list[int], responses: list[list[int
 def test_whole_responses_after_mixed_chain_and_tree_steps_follow_the_exact_distribution(smollm2, proposer, options):
     engines, reference, prompt = smollm2
     engine = engines[proposer]
-    engine.controller.step = 0
+    engine.planner.step = 0
     params = SamplingParams(n=ROWS, max_tokens=TOKENS, ignore_eos=True, seed=11, **options)
     result = engine.generate([prompt], params)
     assert {w for k, w in SCHEDULES[proposer] if k} <= set(result.width_histogram)

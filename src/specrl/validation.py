@@ -13,6 +13,7 @@ rule and the value. Checks that relate two fields stay in the class's own `__pos
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 
@@ -45,7 +46,8 @@ def choices(cls, name: str) -> tuple:
     raise TypeError(f"{cls.__name__}.{name} is not a Literal field")
 
 
-def _literal(hint) -> tuple | None:
+def literal_choices(hint) -> tuple | None:
+    """The values a `Literal[...]` or `Literal[...] | None` hint allows; None for any other hint."""
     if typing.get_origin(hint) is typing.Literal:
         return typing.get_args(hint)
     if typing.get_origin(hint) is typing.Union:
@@ -63,7 +65,7 @@ def check_fields(config) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         name = f"{section}.{f.name}"
-        allowed = _literal(hints[f.name])
+        allowed = literal_choices(hints[f.name])
         if allowed is not None and value not in allowed and value is not None:
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -77,3 +79,76 @@ def check_fields(config) -> None:
             if not (above and below):
                 alias = f" ({f.metadata['alias']})" if f.metadata["alias"] else ""
                 raise ValueError(f"{name}{alias} must be {rule}, got {value}")
+
+
+_SCALARS = {int: (int,), float: (int, float), bool: (bool,), str: (str,), dict: (dict,)}
+
+
+def _check_type(path: str, hint, value) -> None:
+    """Scalars must have their field's type (an int is fine where a float is expected); a tuple field takes a
+    list or tuple whose items have its item type."""
+    options = (hint,) if typing.get_origin(hint) is tuple else typing.get_args(hint) or (hint,)
+    if value is None and type(None) in options:
+        return
+    for option in options:
+        if typing.get_origin(option) is tuple:
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"config key '{path}' expects a list, got {value!r}")
+            for element in value:
+                _check_type(path, typing.get_args(option)[0], element)
+            return
+    accepted = tuple(t for option in options for t in _SCALARS.get(option, ()))
+    if accepted and (not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted)):
+        raise ValueError(f"config key '{path}' expects {hint}, got {value!r}")
+
+
+def build(cls, data: dict, where: str = ""):
+    """The dataclass `cls` built from `data` (nested dataclass fields from nested mappings), naming unknown keys
+    and values of the wrong type; each class's own checks (`check_fields`) run as it is built."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config section '{where or 'root'}' must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    prefix = f"{where}." if where else ""
+    for key in unknown:  # a key a section dropped: say why, not just that it is unknown
+        if key in getattr(cls, "REMOVED", {}):
+            raise ValueError(f"config key '{prefix}{key}' was removed: {cls.REMOVED[key]}")
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[prefix + k for k in unknown]}; known in "
+                         f"'{where or 'root'}': {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        path = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = build(hint, value, path)
+        else:
+            _check_type(path, hint, value)
+            kwargs[name] = tuple(value) if isinstance(value, list) and "tuple" in str(hint) else value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"invalid config '{where or 'root'}': {err}") from err
+
+
+def parse_overrides(items) -> dict:
+    """`["grpo.group_size=4", "run.steps=10"]` -> {"grpo": {"group_size": 4}, "run": {"steps": 10}}: each value
+    read as JSON where it parses (numbers, true/false, null, lists), else kept as text."""
+    data: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value (e.g. grpo.group_size=4)")
+        key, text = item.split("=", 1)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        *sections, leaf = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r}: {section} is set to a value and used as a section")
+        node[leaf] = value
+    return data

@@ -111,7 +111,7 @@ def test_the_planners_learned_acceptance_is_what_its_steps_accepted():
     acceptance, policy = Acceptance(0.7, 5.0, 0.95), PlannedK(3)
     for _ in range(200):
         policy.observe(8, 3, 0.01, 8 * prefix_acceptance(acceptance, 3))
-    np.testing.assert_allclose(policy.controller.acceptance[1].prefix, prefix_acceptance(acceptance, 3), rtol=1e-3)
+    np.testing.assert_allclose(policy.planner.acceptance[1].prefix, prefix_acceptance(acceptance, 3), rtol=1e-3)
 
 
 def test_the_batch_drains_over_the_rollout():

@@ -12,7 +12,7 @@ from specrl.engine.engine import EngineConfig
 from specrl.generation import GenerateResult
 from specrl.models.registry import draft_checkpoint, resolve_checkpoint
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer_registry import (ModelDraftChoice, ProposerChoice, default_speculative_tokens,
+from specrl.speculation.proposer_registry import (ModelDraftChoice, ProposerChoice, speculative_tokens,
                                                    draft_kind)
 from specrl.validation import check_fields, within
 
@@ -43,9 +43,7 @@ class BackendConfig(EngineConfig):
     @property
     def speculative_tokens(self) -> int:
         """K: `num_speculative_tokens`, or the proposer's default where it is unset."""
-        if self.num_speculative_tokens is not None:
-            return self.num_speculative_tokens
-        return default_speculative_tokens(self.proposer)
+        return speculative_tokens(self.proposer, self.num_speculative_tokens)
 
     @property
     def draft_kind(self) -> str | None:

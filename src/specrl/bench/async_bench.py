@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from specrl.bench import Bench
 from specrl.speculation.proposer_registry import PROPOSER_NAMES
 from specrl.validation import check_fields, within
 
@@ -32,11 +33,12 @@ class AsyncBenchConfig:
 
     SECTION: ClassVar[str] = "bench async"
 
-    preset: str = "tiny"
-    steps: int = within(100, "[5, inf)")
-    rounds: int = within(3, "[1, inf)")
+    preset: str = "tiny"  # the run to compare
+    steps: int = within(100, "[5, inf)")  # GRPO steps per run
+    rounds: int = within(3, "[1, inf)")  # rounds of both runs; medians are reported
     proposer: Literal[PROPOSER_NAMES] = "ngram"  # type: ignore[valid-type]  # the async run's proposer
-    max_staleness: int = within(1, "[0, inf)")
+    max_staleness: int = within(1, "[0, inf)")  # the async run's staleness bound
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
 
     def __post_init__(self):
         check_fields(self)
@@ -96,3 +98,16 @@ def run_async_bench(config: AsyncBenchConfig, progress=None) -> dict:
         "loop_ratio_median": statistics.median(s["loop_s"] / a["loop_s"] for s, a in zip(sync, fast)),
         "sync_no_spec": describe(sync), "async_spec": describe(fast),
     }
+
+
+def report(summary: dict, config: AsyncBenchConfig, console) -> None:
+    console.print(f"sync / async: whole process {summary['wall_ratio_median']:.2f}x, "
+                  f"training loop {summary['loop_ratio_median']:.2f}x")
+
+
+BENCH = Bench(AsyncBenchConfig, run_async_bench, report, steps=lambda c: c.rounds,
+              help="async GRPO with speculation vs sync GRPO without (whole runs, alternating)",
+              description="Runs `specrl train --preset PRESET` twice per round as subprocesses, sync without "
+                          "speculation and async (Ray rollout actors) with --proposer, alternating which goes first. "
+                          "Reports the median ratio sync / async of the whole process's wall time and of the training "
+                          "loop (less actor start-up), and the reward of each fifth of the runs.")

@@ -5,7 +5,7 @@ For each batch size, one round runs the baseline (no speculation) and then every
 same seed, in turn; rounds repeat and medians are reported
 (these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline of
 the same round set, acceptance length and per-position acceptance (vLLM's definitions),
-the share of wall time spent inside the proposer, and the K the adaptive controller ran.
+the share of wall time spent inside the proposer, and the K the planner ran.
 
 Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
 and hybrid proposers draft from. A proposer whose checkpoint is missing is skipped and
@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from rich.table import Table
+
 from specrl.backends import BackendConfig, make_backend
+from specrl.bench import Bench
 from specrl.bench.rollout_bench import bench_inputs
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES, default_speculative_tokens
+from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES, speculative_tokens
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, choices, within
 
@@ -34,7 +37,7 @@ class DraftersBenchConfig:
     SECTION: ClassVar[str] = "bench drafters"
 
     model: str = "tiny"  # tiny | smollm2-135m | a checkpoint directory
-    proposers: tuple[str, ...] = PROPOSER_NAMES
+    proposers: tuple[str, ...] = PROPOSER_NAMES  # which proposers to run
     batches: tuple[int, ...] = (1, 4, 16)  # rows per call
     n: int = within(4, "[1, inf)")  # samples per prompt (capped at the batch): the group siblings draft from
     k: int | None = within(None, "[0, inf)", alias="K")  # num_speculative_tokens; None = each proposer's default
@@ -42,11 +45,12 @@ class DraftersBenchConfig:
     hybrid_model: Literal[MODEL_DRAFTS] = "eagle3"  # type: ignore[valid-type]  # the model-draft half of the hybrid
     max_tokens: int | None = within(None, "[1, inf)")  # response cap; None = 128, or what fits the model's context
     temperature: float = within(1.0, "[0, inf)")
-    rounds: int = within(3, "[1, inf)")
-    seed: int = 0
+    rounds: int = within(3, "[1, inf)")  # timed rounds per batch size; medians are reported
+    seed: int = 0  # call i of a round uses seed + i on every variant
     plot: str | None = "drafters.png"  # speedup vs batch, one line per proposer; None = no plot
     # the chain verification rules to run each proposer under (block, token), side by side in every round
     verifications: tuple[str, ...] = ("block",)
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
 
     def __post_init__(self):
         check_fields(self)
@@ -99,7 +103,7 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
         n = min(config.n, batch)
         if batch % n:
             raise ValueError(f"batch {batch} must be a multiple of n {n} (batch = prompts x n)")
-        most_k = config.k if config.k is not None else max(map(default_speculative_tokens, config.proposers))
+        most_k = max(speculative_tokens(p, config.k) for p in config.proposers)
         prompts, max_tokens = bench_inputs(config.model, batch // n, config.seed, config.max_tokens, most_k)
         inputs[batch] = prompts, n
         caps.append(max_tokens)
@@ -168,3 +172,31 @@ def plot_speedups(rows: list[dict], path: Path, config: DraftersBenchConfig) -> 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def report(summary: dict, config: DraftersBenchConfig, console) -> None:
+    """One row per proposer, verification rule and batch; the proposers skipped and why; the plot's path."""
+    table = Table(title=f"drafters: {config.model}, T={config.temperature}, "
+                        f"{'adaptive K' if config.adaptive else 'K'} <= {'per proposer' if config.k is None else config.k}")
+    for column in ("proposer", "verify", "batch", "tokens/s", "speedup", "accept len", "accept per pos", "draft cost",
+                   "K used"):
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(row["proposer"], row["verification"], str(row["batch"]), f"{row['tokens_per_s']:.1f}",
+                      f"{row['speedup']:.2f}x", f"{row['acceptance_length']:.2f}",
+                      " ".join(f"{a:.2f}" for a in row["acceptance_per_pos"]), f"{100 * row['draft_cost_share']:.0f}%",
+                      str(row["k_histogram"]))
+    console.print(table)
+    for name, reason in summary["skipped"].items():
+        console.print(f"skipped {name}: {reason}")
+    if summary.get("plot"):
+        console.print(f"plot: {summary['plot']}")
+
+
+BENCH = Bench(DraftersBenchConfig, run_drafters_bench, report, steps=lambda c: len(c.batches) * c.rounds,
+              help="every proposer on the same prompts: a table and a speedup-vs-batch plot",
+              description="For each batch size, runs plain decoding and every proposer (n-gram, group suffix, draft "
+                          "model, EAGLE-3 head, MTP head, int8 self-draft, hybrid) on the same prompts and seeds, "
+                          "alternating, for --rounds rounds. Prints acceptance length, acceptance per position, "
+                          "median speedup and the proposer's share of wall time, writes a PNG of speedup against "
+                          "batch size. Proposers whose checkpoint is missing are skipped and named.")

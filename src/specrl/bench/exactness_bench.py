@@ -4,7 +4,7 @@ Comparing two samplers' mean logprobs (`bench rollout`'s `logprob_z`) mixes the 
 sides with the spread between prompts and lengths, and reads a gap of 0.1 nats per token as a trend
 where there is none. This bench tests each variant on its own against the exact distribution instead.
 
-For each of `samples` prompts and each variant (no speculation, the adaptive controller, a fixed K-chain,
+For each of `samples` prompts and each variant (no speculation, the planner, a fixed K-chain,
 a fixed width-3 tree), one call of one row at temperature 1 with its own seed; then a clean forward of
 prompt + response in `transformers` gives, at every response position t, the exact conditional p_t and
 
@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
+from rich.table import Table
 
 from specrl.backends import BackendConfig, make_backend
+from specrl.bench import Bench
 from specrl.models.checkpoint import load_causal_lm
 from specrl.models.registry import resolve_checkpoint
 from specrl.sampling import SamplingParams, sampling_logprobs
@@ -38,13 +40,14 @@ POSITIONS = 6  # z per response position 1..6, the last pooling every later one
 class ExactnessBenchConfig:
     SECTION: ClassVar[str] = "bench exactness"
 
-    model: str = "smollm2-135m"
-    proposer: Literal[PROPOSER_NAMES] = "eagle3"  # type: ignore[valid-type]
+    model: str = "smollm2-135m"  # tiny | smollm2-135m | a checkpoint directory
+    proposer: Literal[PROPOSER_NAMES] = "eagle3"  # type: ignore[valid-type]  # the speculative variants' proposer
     samples: int = within(150, "[2, inf)")  # prompts, one call of one row each per variant
-    max_tokens: int = within(40, "[1, inf)")
+    max_tokens: int = within(40, "[1, inf)")  # response cap
     k: int = within(3, "[1, inf)", alias="K")  # the fixed chain's and tree's depth
     temperature: float = within(1.0, "(0, inf)")
     seed: int = 10000  # call i runs with seed + i in every variant
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
 
     def __post_init__(self):
         check_fields(self)
@@ -69,7 +72,7 @@ def exact_terms(reference, prompt: list[int], responses: list[list[int]],
 
 
 def _variants(config: ExactnessBenchConfig) -> dict[str, BackendConfig]:
-    """No speculation, the adaptive controller, a fixed chain and (for the hidden-state heads, the proposers
+    """No speculation, the planner, a fixed chain and (for the hidden-state heads, the proposers
     that draft trees) a fixed width-3 tree."""
     common = dict(model=config.model, proposer=config.proposer)
     fixed = dict(common, adaptive=False, num_speculative_tokens=config.k)
@@ -114,3 +117,24 @@ def run_exactness_bench(config: ExactnessBenchConfig, progress=None) -> dict:
     return {"model": config.model, "proposer": config.proposer, "samples": config.samples,
             "max_tokens": config.max_tokens, "temperature": config.temperature, "threads": torch.get_num_threads(),
             "variants": variants_out, "max_abs_z": max(abs(v["z"]) for v in variants_out.values())}
+
+
+def report(summary: dict, config: ExactnessBenchConfig, console) -> None:
+    """Each variant's z over all its tokens and per response position."""
+    table = Table(title=f"exactness: {config.model}, {config.proposer}, T={config.temperature}, "
+                        f"{config.samples} responses per variant")
+    for column in ("variant", "tokens", "z (N(0, 1) if exact)", "z per position 1..6"):
+        table.add_column(column)
+    for name, row in summary["variants"].items():
+        table.add_row(name, str(row["tokens"]), f"{row['z']:+.2f}", str(row["z_per_position"]))
+    console.print(table)
+
+
+BENCH = Bench(ExactnessBenchConfig, run_exactness_bench, report, steps=lambda c: 2 * c.samples,
+              help="each speculative variant's whole responses against the exact distribution (one-sample z per "
+                   "variant, no second sample needed)",
+              description="For --samples prompts, samples one response per variant (no speculation, the planner, a "
+                          "fixed K-chain and, for heads, a width-3 tree), one row per call with its own seed, then "
+                          "scores every token against the exact conditional from a clean transformers forward: z = "
+                          "sum(log p(x) + H(p)) / sqrt(sum Var[log p]) is N(0, 1) for an exact sampler (also per "
+                          "response position).")

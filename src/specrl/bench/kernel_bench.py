@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from rich.table import Table
 
+from specrl.bench import Bench
 from specrl.models.checkpoint import load_config
 from specrl.models.llama import Int8Projection, Projection, fast_path_available, int8_kernels, kernels_report
 from specrl.models.registry import resolve_checkpoint
@@ -30,7 +32,8 @@ class KernelBenchConfig:
 
     model: str = "smollm2-135m"  # whose shapes (a registered name or a checkpoint folder)
     rows: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 32, 64, 128)  # M values
-    rounds: int = within(7, "[1, inf)")
+    rounds: int = within(7, "[1, inf)")  # timed rounds; medians are reported
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
 
     def __post_init__(self):
         check_fields(self)
@@ -80,3 +83,26 @@ def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
             "rounds": config.rounds,
             "int8_kernels": [name for name in variants if name.startswith("int8")],
             "rows": rows, "fast_cost_vs_one_row": {str(r["rows"]): r["fast_ms"] / one for r in rows} if one else None}
+
+
+def report(summary: dict, config: KernelBenchConfig, console) -> None:
+    """Per row count: ms per pass eager and on the fast path, its weight-streaming rate, each int8 kernel's ms."""
+    table = Table(title=f"projections of {config.model} ({summary['weights_mb']:.0f} MB), {summary['threads']} threads")
+    int8 = summary["int8_kernels"]
+    for column in ("rows M", "eager ms", "fast ms", "speedup", "fast GB/s", *(f"{name} ms (/ fast)" for name in int8)):
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(str(row["rows"]), f"{row['eager_ms']:.1f}", f"{row['fast_ms']:.1f}", f"{row['speedup']:.2f}x",
+                      f"{row['fast_gb_per_s']:.1f}",
+                      *(f"{row[name + '_ms']:.1f} ({row[name + '_vs_fast']:.2f})" for name in int8))
+    console.print(table)
+
+
+BENCH = Bench(KernelBenchConfig, run_kernel_bench, report, steps=lambda c: len(c.rows),
+              help="one pass over a model's projections: eager (MKL) vs the fast path, and the int8 self-draft's "
+                   "kernels, per row count",
+              description="Times the engine's projections and LM head at the model's shapes (random weights) for "
+                          "each row count M, eager and on the fast path (specrl's small-row kernel), and with the "
+                          "weights rounded to int8 on each int8 kernel this CPU runs (the self-draft's), "
+                          "alternating; prints median ms per pass, the weight-streaming rate and each int8 pass as "
+                          "a share of the fp32 fast path's.")

@@ -38,14 +38,16 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
+from rich.table import Table
 from scipy.stats import ks_2samp
 
 from specrl.backends import BackendConfig, make_backend
+from specrl.bench import Bench
 from specrl.models.checkpoint import load_causal_lm, load_config, load_tokenizer
 from specrl.models.llama import Int8Projection, kernels_report
 from specrl.models.registry import resolve_checkpoint
 from specrl.sampling import SamplingParams
-from specrl.speculation.proposer_registry import PROPOSER_NAMES, default_speculative_tokens
+from specrl.speculation.proposer_registry import PROPOSER_NAMES, speculative_tokens
 from specrl.tasks.presets import preset_prompts
 from specrl.telemetry.spec_stats import SpecStats
 from specrl.validation import check_fields, within
@@ -82,7 +84,8 @@ class RolloutBenchConfig:
     # both variants reuse the K/V of the first tokens a call's prompts share with the last call's first prompt
     # (the engine's default; the preset's prompts share a chat template and an instruction); False prefills all
     prefix_caching: bool = True
-    seed: int = 0
+    seed: int = 0  # call i of a round uses seed + i on every variant
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads; None = all cores
 
     def __post_init__(self):
         check_fields(self)
@@ -198,8 +201,7 @@ def ran_kernels(spec) -> dict:
 
 
 def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
-    if config.k is None:
-        config = dataclasses.replace(config, k=default_speculative_tokens(config.proposer))
+    config = dataclasses.replace(config, k=speculative_tokens(config.proposer, config.k))
     calls = -(-config.rows_per_round // config.batch)
     per_call = config.batch // config.n
     all_prompts, max_tokens = bench_inputs(config.model, calls * per_call, config.seed, config.max_tokens, config.k)
@@ -222,7 +224,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
 
     warm = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
                           seed=config.seed, ignore_eos=config.ignore_eos)
-    spec.generate(prompts, warm)  # lets the adaptive controller explore before timing
+    spec.generate(prompts, warm)  # lets the planner explore before timing
     rates = {"base": [], "spec": [], "hf": [], "eager": []}
     runs = {"base": [], "spec": [], "eager": []}
     variants = (("base", base), ("spec", spec)) + ((("eager", eager),) if eager is not None else ())
@@ -308,3 +310,27 @@ def step_cost_model(config: RolloutBenchConfig, base, spec_runs, stats: SpecStat
     return {**measured, "bound_step_mix": {f"k{k}w{width}": n for (k, width), n in sorted(mix.items())},
             "bound_verify_cost": verify, "draft_ms_per_step": draft_ms, "bound_speedup": bound,
             "achieved_over_bound": speedup / bound}
+
+
+def report(summary: dict, config: RolloutBenchConfig, console) -> None:
+    """The variants' tokens/s side by side, then acceptance and the exactness smoke checks."""
+    table = Table(title=f"rollout: {config.model}, {config.proposer}, batch {config.batch}, T={config.temperature}")
+    for column in ("variant", "tokens/s", "vs base"):
+        table.add_column(column)
+    base = summary["tokens_per_s_base"]
+    table.add_row("base (no speculation)", f"{base:.1f}", "1.00x")
+    table.add_row(f"speculative ({config.proposer})", f"{summary['tokens_per_s_spec']:.1f}", f"{summary['speedup']:.2f}x")
+    if summary["tokens_per_s_hf"]:
+        table.add_row("transformers generate", f"{summary['tokens_per_s_hf']:.1f}",
+                      f"{summary['tokens_per_s_hf'] / base:.2f}x")
+    console.print(table)
+    console.print(f"acceptance length {summary['acceptance_length']:.2f}, rate {summary['acceptance_rate']:.2f}, "
+                  f"per position {[round(a, 2) for a in summary['acceptance_per_pos']]}, "
+                  f"K used {summary['k_histogram']}; greedy match {summary['greedy_match']}; "
+                  f"mean logprob base {summary['mean_logprob_base']:.3f} spec {summary['mean_logprob_spec']:.3f}")
+
+
+BENCH = Bench(RolloutBenchConfig, run_rollout_bench, report, steps=lambda c: c.rounds,
+              help="rollout throughput, speculation off vs on, plus transformers generate",
+              description="Runs the same reasoning prompts with speculation off and on, alternating, and reports "
+                          "median tokens/s, acceptance and exactness checks.")

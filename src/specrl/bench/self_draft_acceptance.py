@@ -1,7 +1,7 @@
 """How often the int8 self-draft's token would be accepted: sum_x min(p, q) on the policy's own responses.
 
-    python -m specrl.bench.self_draft_acceptance [--model smollm2-135m] [--samples 16] [--max-tokens 96]
-                                                 [--kernels vnni,avx512]
+    specrl bench self-draft-acceptance [--model smollm2-135m] [--samples 16] [--max-tokens 96]
+                                       [--kernels vnni,avx512]
 
 Samples one temperature-1 response per prompt (the model's preset prompts) from the fp32 policy on the
 embedded engine, then teacher-forces prompt + response through the policy (p) and through its int8 copy
@@ -14,17 +14,20 @@ moves them off it. Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
-import json
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+from rich.table import Table
 
+from specrl.bench import Bench
 from specrl.backends import BackendConfig, make_backend
 from specrl.models.checkpoint import load_state_dict
 from specrl.models.llama import int8_kernels
 from specrl.models.registry import resolve_checkpoint
 from specrl.sampling import SamplingParams
 from specrl.tasks.presets import preset_prompts
+from specrl.validation import check_fields, within
 
 DRIFTS = (0.0, 0.02, 0.05)
 
@@ -50,40 +53,61 @@ def acceptance(model, sequences: list[tuple[list[int], list[int]]], kernel: str 
     return torch.cat(out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--samples", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kernels", default=None,
-                        help=f"comma-separated int8 kernels to measure (this CPU runs: {', '.join(int8_kernels())}, "
-                             "and eager); default: the one the self-draft uses")
-    args = parser.parse_args()
-    kernels = args.kernels.split(",") if args.kernels else [None]
-    unknown = [k for k in kernels if k is not None and k not in int8_kernels() + ("eager",)]
-    if unknown:  # before the responses are sampled, not after
-        parser.error(f"--kernels: {', '.join(unknown)} cannot run here; this CPU runs "
-                     f"{', '.join(int8_kernels() + ('eager',))}")
-    torch.set_num_threads(args.threads)
-    backend = make_backend(BackendConfig(model=args.model))
+@dataclass(frozen=True)
+class SelfDraftAcceptanceBenchConfig:
+    """Whose self-draft, on how many responses, with which int8 kernels."""
+
+    SECTION: ClassVar[str] = "bench self-draft-acceptance"
+
+    model: str = "smollm2-135m"  # a registered model or a checkpoint folder
+    samples: int = within(16, "[1, inf)")  # prompts, one temperature-1 response each
+    max_tokens: int = within(96, "[1, inf)")  # response cap
+    # the int8 kernels to measure (each must run on this CPU, or `eager`); empty = the one the self-draft uses
+    kernels: tuple[str, ...] = ()
+    threads: int | None = within(2, "[1, inf)")  # torch CPU threads
+
+    def __post_init__(self):
+        check_fields(self)
+        runnable = int8_kernels() + ("eager",)
+        unknown = [k for k in self.kernels if k not in runnable]
+        if unknown:  # before the responses are sampled, not after
+            raise ValueError(f"bench self-draft-acceptance: kernels {unknown} cannot run here; this CPU runs "
+                             f"{list(runnable)}")
+
+
+def run_self_draft_acceptance_bench(config: SelfDraftAcceptanceBenchConfig, progress=None) -> dict:
+    """Mean and 10th percentile of sum_x min(p, q) per kernel and drift."""
+    kernels = list(config.kernels) or [None]
+    backend = make_backend(BackendConfig(model=config.model))
     tokenizer, model = backend.tokenizer, backend.engine.model
-    prompts = preset_prompts(args.model, tokenizer, args.samples, seed=0)
-    result = backend.generate(prompts, SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=1))
+    prompts = preset_prompts(config.model, tokenizer, config.samples, seed=0)
+    result = backend.generate(prompts, SamplingParams(temperature=1.0, max_tokens=config.max_tokens, seed=1))
     sequences = [(tokenizer.encode(p, add_special_tokens=False), c.token_ids) for p, c in zip(prompts, result.completions)]
-    state = load_state_dict(resolve_checkpoint(args.model))
-    rows = {}
-    for drift in DRIFTS:
+    state = load_state_dict(resolve_checkpoint(config.model))
+    rows: dict[str, dict] = {}
+    for i, drift in enumerate(DRIFTS):
         model.load_weights(drifted(state, drift) if drift else state)
         for kernel in kernels:
             a = acceptance(model, sequences, kernel)
-            name = kernel or "default"
-            rows.setdefault(name, {})[f"drift {drift:g}"] = {"mean": round(float(a.mean()), 4),
-                                                             "p10": round(float(a.quantile(0.1)), 4)}
-            print(f"int8 self-draft ({name} kernel), policy drifted {drift:.0%}: mean acceptance {a.mean():.4f}, "
-                  f"10th percentile {a.quantile(0.1):.4f}")
-    print(json.dumps({"model": args.model, "response_tokens": sum(len(r) for _, r in sequences), "acceptance": rows}))
+            rows.setdefault(kernel or "default", {})[f"drift {drift:g}"] = {"mean": round(float(a.mean()), 4),
+                                                                           "p10": round(float(a.quantile(0.1)), 4)}
+        if progress is not None:
+            progress(i + 1)
+    return {"bench": "self_draft_acceptance", "model": config.model, "threads": torch.get_num_threads(),
+            "response_tokens": sum(len(r) for _, r in sequences), "acceptance": rows}
 
 
-if __name__ == "__main__":
-    main()
+def report(summary: dict, config: SelfDraftAcceptanceBenchConfig, console) -> None:
+    table = Table(title=f"int8 self-draft of {config.model}: sum_x min(p, q) over {summary['response_tokens']} "
+                        "response tokens (mean / 10th percentile)")
+    table.add_column("kernel")
+    for drift in DRIFTS:
+        table.add_column(f"policy drifted {drift:.0%}")
+    for kernel, by_drift in summary["acceptance"].items():
+        table.add_row(kernel, *(f"{v['mean']:.4f} / {v['p10']:.4f}" for v in by_drift.values()))
+    console.print(table)
+
+
+BENCH = Bench(SelfDraftAcceptanceBenchConfig, run_self_draft_acceptance_bench, report, steps=lambda c: len(DRIFTS),
+              help="how often the int8 self-draft's token would be accepted, on the policy's own responses",
+              description=__doc__.split("\n\n", 1)[1].split("Ends with")[0].strip())

@@ -1,8 +1,8 @@
 """What one GRPO optimiser step of the policy trainer costs: packed shared prompts against padded rows.
 
-    python -m specrl.bench.trainer_step [--model smollm2-135m] [--device cpu|cuda] [--precision fp32|bf16]
-                                        [--prompts 4] [--group-size 8] [--prompt-tokens 60]
-                                        [--response-tokens 20,128] [--rounds 5]
+    specrl bench trainer-step [--model smollm2-135m] [--device cpu|cuda] [--precision fp32|bf16]
+                              [--prompts 4] [--group-size 8] [--prompt-tokens 60]
+                              [--response-tokens 20,128] [--rounds 5]
 
 On a random-weight Hugging Face checkpoint of `--model`'s shape (the simulator's catalogue,
 `specrl.sim.models`), it times two ways of taking the same step on the same batch:
@@ -19,14 +19,17 @@ Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
-import json
+import dataclasses
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
+from rich.table import Table
 
+from specrl.bench import Bench
 from specrl.bench.verify_cost import dense_spec
 from specrl.rl.grpo import GRPOConfig
 from specrl.rl.packing import micro_batches, pack
@@ -34,6 +37,7 @@ from specrl.rl.padded_reference import padded_step
 from specrl.rl.trainer import OptimConfig, PolicyTrainer
 from specrl.sampling import SamplingParams
 from specrl.sim.models import get_model
+from specrl.validation import check_fields, within
 
 
 def save_random_checkpoint(name: str, folder: str) -> int:
@@ -76,62 +80,80 @@ def token_counts(prompts, responses, padded_micro_batch: int, budget: int) -> di
             "packed_head_positions": sum(len(r) for r in responses), "packed_micro_batches": len(parts)}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--model", default="smollm2-135m", help="a dense model of the simulator's catalogue")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--prompts", type=int, default=4, help="groups per step (rollout.prompts_per_step)")
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=60)
-    parser.add_argument("--response-tokens", default="20,128", help="MIN,MAX response length (uniform)")
-    parser.add_argument("--padded-micro-batch", type=int, default=8, help="rows per forward/backward, padded side")
-    parser.add_argument("--micro-batch-tokens", type=int, default=OptimConfig.micro_batch_tokens,
-                        help="tokens per forward/backward, packed side (default: the trainer's)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (median)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    low, high = (int(x) for x in args.response_tokens.split(","))
-    vocab = get_model(args.model).vocab
-    optim = OptimConfig(lr=1e-6, precision=args.precision, micro_batch_tokens=args.micro_batch_tokens)
+@dataclass(frozen=True)
+class TrainerStepBenchConfig:
+    """One comparison: the packed and the padded trainer step on one random checkpoint and one batch."""
+
+    SECTION: ClassVar[str] = "bench trainer-step"
+
+    model: str = "smollm2-135m"  # a dense model of the simulator's catalogue (its shape, random weights)
+    device: Literal["cpu", "cuda"] = "cpu"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    prompts: int = within(4, "[1, inf)")  # groups per step (rollout.prompts_per_step)
+    group_size: int = within(8, "[1, inf)")  # responses per prompt
+    prompt_tokens: int = within(60, "[1, inf)")
+    response_tokens: tuple[int, ...] = (20, 128)  # MIN,MAX response length (uniform)
+    padded_micro_batch: int = within(8, "[1, inf)")  # rows per forward/backward, padded side
+    micro_batch_tokens: int = within(OptimConfig.micro_batch_tokens, "[1, inf)")  # packed side (the trainer's)
+    rounds: int = within(5, "[1, inf)")  # timed rounds after a warm-up round; medians are reported
+    threads: int | None = within(2, "[1, inf)")  # torch CPU threads
+
+    def __post_init__(self):
+        check_fields(self)
+        if len(self.response_tokens) != 2 or not 1 <= self.response_tokens[0] <= self.response_tokens[1]:
+            raise ValueError(f"bench trainer-step: response_tokens must be MIN,MAX with 1 <= MIN <= MAX, got "
+                             f"{self.response_tokens}")
+
+
+def run_trainer_step_bench(config: TrainerStepBenchConfig, progress=None) -> dict:
+    """Both steps alternating on the same batch; medians of the rounds and their ratio."""
+    low, high = config.response_tokens
+    vocab = get_model(config.model).vocab
+    optim = OptimConfig(lr=1e-6, precision=config.precision, micro_batch_tokens=config.micro_batch_tokens)
     with tempfile.TemporaryDirectory() as folder:
-        params = save_random_checkpoint(args.model, folder)
-        trainer = PolicyTrainer(folder, GRPOConfig(group_size=args.group_size), optim, SamplingParams(), pad_id=0,
-                                device=args.device)
-    batch = job(vocab, args.prompts, args.group_size, args.prompt_tokens, (low, high))
-    counts = token_counts(batch[0], batch[1], args.padded_micro_batch, args.micro_batch_tokens)
-    sides = {"padded": lambda: padded_step(trainer, *batch, args.padded_micro_batch),
+        params = save_random_checkpoint(config.model, folder)
+        trainer = PolicyTrainer(folder, GRPOConfig(group_size=config.group_size), optim, SamplingParams(), pad_id=0,
+                                device=config.device)
+    batch = job(vocab, config.prompts, config.group_size, config.prompt_tokens, (low, high))
+    counts = token_counts(batch[0], batch[1], config.padded_micro_batch, config.micro_batch_tokens)
+    sides = {"padded": lambda: padded_step(trainer, *batch, config.padded_micro_batch),
              "packed": lambda: trainer.step(*batch)}
     seconds: dict[str, list[float]] = {side: [] for side in sides}
-    print(f"{args.model} ({params / 1e6:.0f}M) on {args.device} {args.precision}: {args.prompts} prompts of "
-          f"{args.prompt_tokens} tokens x {args.group_size} responses of {low}-{high} tokens; {counts}")
-    for r in range(args.rounds + 1):  # round 0 warms up
+    for r in range(config.rounds + 1):  # round 0 warms up
         for side in (sides if r % 2 else list(sides)[::-1]):
-            if args.device == "cuda":
+            if config.device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
             sides[side]()
-            if args.device == "cuda":
+            if config.device == "cuda":
                 torch.cuda.synchronize()
             if r:
                 seconds[side].append(time.perf_counter() - start)
-        if r:
-            print(f"round {r}: padded {seconds['padded'][-1]:.2f} s, packed {seconds['packed'][-1]:.2f} s", flush=True)
+        if progress is not None:
+            progress(r + 1)
     ratios = [a / b for a, b in zip(seconds["padded"], seconds["packed"])]
-    summary = {"bench": "trainer_step", "model": args.model, "device": args.device, "precision": args.precision,
-               "threads": args.threads, "prompts": args.prompts, "group_size": args.group_size,
-               "prompt_tokens": args.prompt_tokens, "response_tokens": [low, high],
-               "padded_micro_batch": args.padded_micro_batch, "micro_batch_tokens": args.micro_batch_tokens,
-               **counts, "padded_step_s": statistics.median(seconds["padded"]),
-               "packed_step_s": statistics.median(seconds["packed"]), "speedup_median": statistics.median(ratios),
-               "rounds": args.rounds}
-    print(f"padded {summary['padded_step_s']:.2f} s, packed {summary['packed_step_s']:.2f} s per step: "
-          f"{summary['speedup_median']:.2f}x")
-    print(json.dumps(summary))
-    return summary
+    return {"bench": "trainer_step", **dataclasses.asdict(config), "threads": torch.get_num_threads(),
+            "parameters": params, **counts, "padded_step_s": statistics.median(seconds["padded"]),
+            "packed_step_s": statistics.median(seconds["packed"]), "speedup_median": statistics.median(ratios),
+            "padded_s_per_round": seconds["padded"], "packed_s_per_round": seconds["packed"]}
 
 
-if __name__ == "__main__":
-    main()
+def report(summary: dict, config: TrainerStepBenchConfig, console) -> None:
+    low, high = config.response_tokens
+    console.print(f"{config.model} ({summary['parameters'] / 1e6:.0f}M) on {config.device} {config.precision}: "
+                  f"{config.prompts} prompts of {config.prompt_tokens} tokens x {config.group_size} responses of "
+                  f"{low}-{high} tokens")
+    table = Table(title="one GRPO trainer step, padded rows against packed shared prompts")
+    for column in ("layout", "body tokens", "LM-head positions", "s / step (median)"):
+        table.add_column(column)
+    for side in ("padded", "packed"):
+        table.add_row(side, str(summary[f"{side}_tokens"]), str(summary[f"{side}_head_positions"]),
+                      f"{summary[f'{side}_step_s']:.2f}")
+    console.print(table)
+    console.print(f"packed is {summary['speedup_median']:.2f}x the padded step (median of {config.rounds} rounds)")
+
+
+BENCH = Bench(TrainerStepBenchConfig, run_trainer_step_bench, report, steps=lambda c: c.rounds + 1,
+              help="one GRPO trainer step: packed shared prompts against padded rows, alternating",
+              description=__doc__.split("\n\n", 1)[1].split("Ends with")[0].strip())
+

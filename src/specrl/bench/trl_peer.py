@@ -32,8 +32,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from rich.table import Table
 
 from specrl.backends import resolve_models
+from specrl.bench import Bench
 from specrl.models.checkpoint import load_tokenizer
 from specrl.pipeline.config import TrainConfig, config_to_dict, load_config
 from specrl.tasks import make_task
@@ -46,12 +48,12 @@ class TRLBenchConfig:
 
     SECTION: ClassVar[str] = "bench trl"
 
-    preset: str = "smollm2-135m"
+    preset: str = "smollm2-135m"  # the job's preset
     config: str | None = "examples/sums/config.json"  # a run config file (JSON) on top of the preset
-    steps: int = within(4, "[1, inf)")
-    rounds: int = within(1, "[1, inf)")
-    threads: int = within(2, "[1, inf)")
-    seed: int = 0
+    steps: int = within(4, "[1, inf)")  # GRPO steps per run
+    rounds: int = within(1, "[1, inf)")  # rounds of both runs, alternating which goes first
+    threads: int = within(2, "[1, inf)")  # torch CPU threads for both
+    seed: int = 0  # the job's seed, on both sides
     trl_micro_batch: int = within(8, "[1, inf)")  # TRL's sequences per forward/backward; divides the step's rows
 
     def __post_init__(self):
@@ -207,3 +209,24 @@ def run_trl_bench(bench: TRLBenchConfig, progress=None) -> dict:
     out["trl_config"] = {k: v for k, v in trl_args.items() if not k.startswith("_") and not callable(v)}
     out["bench_config"] = dataclasses.asdict(bench)
     return out
+
+
+def report(summary: dict, config: TRLBenchConfig, console) -> None:
+    """Each side's seconds per step, rollout and training tokens per second and reward per step."""
+    table = Table(title=f"GRPO on the same job: {config.preset} + {config.config}, {config.steps} steps")
+    for column in ("", "s / step", "rollout tok/s", "training tok/s", "reward per step"):
+        table.add_column(column)
+    for side in ("specrl", "trl"):
+        row = summary[side]
+        table.add_row(side, f"{row['step_seconds']:.1f}", f"{row['rollout_tokens_per_s']:.0f}",
+                      f"{row['training_tokens_per_s']:.0f}", " ".join(f"{r:.2f}" for r in row["reward_per_step"]))
+    console.print(table)
+
+
+BENCH = Bench(TRLBenchConfig, run_trl_bench, report, steps=lambda c: c.rounds,
+              help="specrl's GRPO against TRL's GRPOTrainer on the same job (needs the peers extra)",
+              description="Runs the job `specrl train --preset PRESET --config CONFIG` for --steps steps under specrl "
+                          "and under TRL's GRPOTrainer (pip install -e '.[peers]'): the same model, problems, prompts, "
+                          "rewards, group size, prompts per step, response cap, temperature, learning rate and clip "
+                          "range. Reports each side's seconds per step, rollout and training tokens per second, and "
+                          "reward per step, and both configs in full.")

@@ -1,7 +1,7 @@
 """What verifying K drafts costs against a plain decode step, by batch, measured next to the simulator's figure.
 
-    python -m specrl.bench.verify_cost [--device cuda] [--models smollm2-135m,llama-3.2-1b,llama-3.1-8b]
-                                       [--batches 1,4,16,64,256] [--ks 0,1,3,7] [--context 512] [--rounds 10]
+    specrl bench verify-cost [--device cuda] [--models smollm2-135m,llama-3.2-1b,llama-3.1-8b]
+                             [--batches 1,4,16,64,256] [--ks 0,1,3,7] [--context 512] [--rounds 10]
 
 For each model of the simulator's catalogue (`specrl.sim.models`; dense Llama-shaped ones), it builds a decoder
 of that shape with random weights (bf16 on a GPU, fp32 on the CPU; `Decoder`), with a KV cache of `--context`
@@ -14,16 +14,19 @@ JSON line.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
+from rich.table import Table
 
+from specrl.bench import Bench
 from specrl.sim.hardware import get_device
 from specrl.sim.iteration import Engine
 from specrl.sim.models import ModelSpec, get_model
+from specrl.validation import check_fields, within
 
 
 def dense_spec(name: str) -> ModelSpec:
@@ -62,7 +65,7 @@ class Decoder:
     def forward(self, ids: torch.Tensor, cache, context: int) -> torch.Tensor:
         """Logits of ids [B, T] after `context` cached tokens. Each new token attends to all context + T keys: the
         causal mask among the T new ones is left out, since it changes what is computed over T of ~context keys,
-        not the cost, and an explicit mask keeps SDPA off its flash kernel (1.1-1.4x slower on the H100)."""
+        not the cost, and an explicit mask keeps SDPA off its flash kernel, onto a slower one."""
         s, (B, T) = self.spec, ids.shape
         H, KV, D = s.heads, s.kv_heads, s.head_dim
         norm = torch.nn.functional.rms_norm
@@ -155,37 +158,52 @@ def measure(name: str, device: torch.device, dtype: torch.dtype, batches: list[i
     return rows
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--models", default="smollm2-135m,llama-3.2-1b,llama-3.1-8b")
-    parser.add_argument("--batches", default="1,4,16,64,256", help="rows (sequences) per pass")
-    parser.add_argument("--ks", default="0,1,3,7", help="drafts verified per row (0 = a plain decode step)")
-    parser.add_argument("--context", type=int, default=512, help="cached tokens per row")
-    parser.add_argument("--rounds", type=int, default=10, help="timed passes per shape (median)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+@dataclass(frozen=True)
+class VerifyCostBenchConfig:
+    """Which models, batches and draft counts to time, and where."""
+
+    SECTION: ClassVar[str] = "bench verify-cost"
+
+    device: Literal["cpu", "cuda"] = "cpu"  # cuda: bf16, each shape a CUDA graph; cpu: fp32
+    models: tuple[str, ...] = ("smollm2-135m", "llama-3.2-1b", "llama-3.1-8b")  # of the simulator's catalogue
+    batches: tuple[int, ...] = (1, 4, 16, 64, 256)  # rows (sequences) per pass
+    ks: tuple[int, ...] = (0, 1, 3, 7)  # drafts verified per row (0 = a plain decode step, always timed)
+    context: int = within(512, "[1, inf)")  # cached tokens per row
+    rounds: int = within(10, "[1, inf)")  # timed passes per shape; medians are reported
+    threads: int | None = within(2, "[1, inf)")  # torch CPU threads
+
+    def __post_init__(self):
+        check_fields(self)
+        if not self.models or not self.batches or min(self.batches) < 1 or not self.ks or min(self.ks) < 0:
+            raise ValueError("bench verify-cost: models, batches (>= 1) and ks (>= 0) must be non-empty")
+
+
+def run_verify_cost_bench(config: VerifyCostBenchConfig, progress=None) -> dict:
+    """Every model's rows: ms per pass, the simulator's ms, each as a ratio to the plain step."""
+    device = torch.device(config.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    batches, ks = [int(b) for b in args.batches.split(",")], [int(k) for k in args.ks.split(",")]
-    if 0 not in ks:
-        ks = [0, *ks]
+    ks = sorted({0, *config.ks})
     rows = []
+    for i, name in enumerate(config.models):
+        rows += measure(name, device, dtype, list(config.batches), ks, config.context, config.rounds)
+        if progress is not None:
+            progress(i + 1)
     label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {label}, {dtype}, context {args.context}, median of {args.rounds}")
-    print(f"{'model':>14} {'B':>4} {'K':>3} {'ms':>9} {'x plain':>8} {'sim ms':>9} {'sim x plain':>11}")
-    for name in args.models.split(","):
-        for r in measure(name, device, dtype, batches, ks, args.context, args.rounds):
-            rows.append(r)
-            print(f"{r['model']:>14} {r['batch']:>4} {r['k']:>3} {r['ms']:>9.3f} {r['over_plain']:>8.2f} "
-                  f"{r['sim_ms']:>9.3f} {r['sim_over_plain']:>11.2f}", flush=True)
-    summary = {"bench": "verify_cost", "device": label, "dtype": str(dtype), "context": args.context,
-               "rounds": args.rounds, "rows": rows}
-    print(json.dumps(summary))
-    return summary
+    return {"bench": "verify_cost", "device": label, "dtype": str(dtype), "context": config.context,
+            "rounds": config.rounds, "threads": torch.get_num_threads(), "rows": rows}
 
 
-if __name__ == "__main__":
-    main()
+def report(summary: dict, config: VerifyCostBenchConfig, console) -> None:
+    table = Table(title=f"verify pass against a plain decode step: {summary['device']}, {summary['dtype']}, "
+                        f"context {config.context}, median of {config.rounds}")
+    for column in ("model", "B", "K", "ms", "x plain", "sim ms", "sim x plain"):
+        table.add_column(column)
+    for r in summary["rows"]:
+        table.add_row(r["model"], str(r["batch"]), str(r["k"]), f"{r['ms']:.3f}", f"{r['over_plain']:.2f}",
+                      f"{r['sim_ms']:.3f}", f"{r['sim_over_plain']:.2f}")
+    console.print(table)
+
+
+BENCH = Bench(VerifyCostBenchConfig, run_verify_cost_bench, report, steps=lambda c: len(c.models),
+              help="what verifying K drafts costs against a plain decode step, by batch, next to the simulator's",
+              description=__doc__.split("\n\n", 1)[1].split("Ends with")[0].strip())

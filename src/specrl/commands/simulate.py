@@ -119,33 +119,16 @@ def run_calibrate(console: Console) -> dict:
 
 def run(args) -> dict:
     """Run the command; returns the summary dict (printed as the last JSON line by the caller)."""
-    from specrl.sim import plots, projection
+    from specrl.sim import projection
 
     console = stderr_console
     if args.scenario == "calibrate":
         return run_calibrate(console)
     s = _scenario(args)
     if args.sweep:
-        axes = _parse_sweep(args.sweep)
-        rows = projection.sweep(s, axes.get("k", [s.k]), axes.get("batch", [1, 8, 64, 256]))
-        _print_rows(console, f"{s.name}: iteration speedup vs live batch", rows, ["k", "batch", "acceptance_length", "speedup"])
-        out = {"scenario": s.name, "sweep": rows}
-        if args.plot_dir:
-            args.plot_dir.mkdir(parents=True, exist_ok=True)
-            out["plots"] = [str(plots.plot_speedup_vs_batch(rows, s.name, args.plot_dir / "speedup_vs_batch.png"))]
-        best = max(rows, key=lambda r: r["speedup"])
-        out.update(rollout_speedup=best["speedup"], step_speedup=None, best=best)
-        return out
-
+        return run_sweep(s, _parse_sweep(args.sweep), args.plot_dir, console)
     if args.trainer_gpus:
-        sizes = [int(v) for v in args.trainer_gpus.split(",")]
-        if not sizes or min(sizes) < 1:
-            raise ValueError(f"--trainer-gpus takes positive counts, got {args.trainer_gpus!r}")
-        rows = projection.trainer_scaling(s, sizes)
-        _print_rows(console, f"{s.name}: trainer world size (rollout pool {s.gpus} GPUs, async, staleness 1)", rows,
-                    ["trainer_gpus", "training_s", "fsdp_comm_s", "step_off_s", "step_on_s", "step_speedup", "bound_by"])
-        return {"scenario": s.name, "trainer_scaling": rows, "rollout_speedup": None,
-                "step_speedup": rows[-1]["step_speedup"]}
+        return run_trainer_scaling(s, args.trainer_gpus, console)
     result = projection.run_scenario(s, args.async_style)
     trajectories = result.pop("_trajectories")
     stage_rows = [{"case": "spec off", **result["spec_off"]}, {"case": f"spec on (K={s.k})", **result["spec_on"]}]
@@ -161,15 +144,7 @@ def run(args) -> dict:
                          "trainer_speedup"])
     result["shared_prompt"] = shared
     result["batch_trajectory_on"] = [[round(t, 3), int(b), int(k)] for t, b, k in trajectories["on"][:: max(1, len(trajectories["on"]) // 20)]]
-    if s.name == "seed-8b-sync" and args.k is None and args.acceptance_length is None and args.gpus is None:
-        pub = {"rollout_speedup": published.SEED_8B["generation_s"][0] / published.SEED_8B["generation_s"][1],
-               "step_speedup": published.SEED_8B["step_s"][0] / published.SEED_8B["step_s"][1]}
-        result["published"] = {k: round(v, 4) for k, v in pub.items()}
-        result["error"] = {k: round(result[k] / v - 1.0, 4) for k, v in pub.items()}
-    if s.name == "seed-235b-async":
-        result["published"] = {"rollout_speedup": published.SEED_235B_PROJECTION["rollout_speedup"],
-                               "step_speedup": published.SEED_235B_PROJECTION["end_to_end_speedup"]}
-        result["error"] = {k: round(result[k] / v - 1.0, 4) for k, v in result["published"].items()}
+    result.update(published_figures(s, result, overridden=(args.k, args.acceptance_length, args.gpus) != (None,) * 3))
     if args.sensitivity or (args.plot_dir and s.mode == "async"):
         sens = projection.sensitivity(s, args.async_style)
         for name, rows in sens.items():
@@ -177,19 +152,68 @@ def run(args) -> dict:
                         ["setting", "rollout", "step", "vs_sync"])
         result["sensitivity"] = sens
     if args.plot_dir:
-        args.plot_dir.mkdir(parents=True, exist_ok=True)
-        paths = [plots.plot_speedup_vs_batch(projection.sweep(s, [1, 2, 3, 5, 7], [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
-                                             s.name, args.plot_dir / "speedup_vs_batch.png")]
-        cases = {"sync off": _sync(s, 0), f"sync K={s.k}": _sync(s, s.k)}
-        async_s = replace(s, mode="async")
-        a = projection.run_scenario(async_s, args.async_style)
-        cases[f"async off ({args.async_style})"], cases[f"async K={s.k}"] = a["spec_off"], a["spec_on"]
-        paths.append(plots.plot_step_breakdown(cases, f"{s.name}: step time breakdown", args.plot_dir / "step_breakdown.png"))
-        if "sensitivity" in result:
-            paths.append(plots.plot_sensitivity(result["sensitivity"], published.SEED_235B_PROJECTION["end_to_end_speedup"],
-                                                f"{s.name}: sensitivity ({args.async_style})", args.plot_dir / "sensitivity_235b.png"))
-        result["plots"] = [str(p) for p in paths]
+        result["plots"] = scenario_plots(s, args.async_style, result.get("sensitivity"), args.plot_dir)
     return result
+
+
+def run_sweep(s, axes: dict[str, list[int]], plot_dir: Path | None, console: Console) -> dict:
+    """The iteration speedup over a grid of K and live batch sizes on one replica."""
+    from specrl.sim import plots, projection
+
+    rows = projection.sweep(s, axes.get("k", [s.k]), axes.get("batch", [1, 8, 64, 256]))
+    _print_rows(console, f"{s.name}: iteration speedup vs live batch", rows, ["k", "batch", "acceptance_length", "speedup"])
+    out = {"scenario": s.name, "sweep": rows}
+    if plot_dir:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        out["plots"] = [str(plots.plot_speedup_vs_batch(rows, s.name, plot_dir / "speedup_vs_batch.png"))]
+    best = max(rows, key=lambda r: r["speedup"])
+    out.update(rollout_speedup=best["speedup"], step_speedup=None, best=best)
+    return out
+
+
+def run_trainer_scaling(s, trainer_gpus: str, console: Console) -> dict:
+    """The async step with the trainer on each of these many GPUs, speculation off and on."""
+    from specrl.sim import projection
+
+    sizes = [int(v) for v in trainer_gpus.split(",")]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--trainer-gpus takes positive counts, got {trainer_gpus!r}")
+    rows = projection.trainer_scaling(s, sizes)
+    _print_rows(console, f"{s.name}: trainer world size (rollout pool {s.gpus} GPUs, async, staleness 1)", rows,
+                ["trainer_gpus", "training_s", "fsdp_comm_s", "step_off_s", "step_on_s", "step_speedup", "bound_by"])
+    return {"scenario": s.name, "trainer_scaling": rows, "rollout_speedup": None, "step_speedup": rows[-1]["step_speedup"]}
+
+
+def published_figures(s, result: dict, overridden: bool) -> dict:
+    """The published speedups of the seed scenarios, and the projection's relative error against them (the 8B
+    scenario's only as published: without overrides of K, acceptance or GPUs)."""
+    if s.name == "seed-8b-sync" and not overridden:
+        pub = {"rollout_speedup": published.SEED_8B["generation_s"][0] / published.SEED_8B["generation_s"][1],
+               "step_speedup": published.SEED_8B["step_s"][0] / published.SEED_8B["step_s"][1]}
+    elif s.name == "seed-235b-async":
+        pub = {"rollout_speedup": published.SEED_235B_PROJECTION["rollout_speedup"],
+               "step_speedup": published.SEED_235B_PROJECTION["end_to_end_speedup"]}
+    else:
+        return {}
+    return {"published": {k: round(v, 4) for k, v in pub.items()},
+            "error": {k: round(result[k] / v - 1.0, 4) for k, v in pub.items()}}
+
+
+def scenario_plots(s, async_style: str, sensitivity: dict | None, plot_dir: Path) -> list[str]:
+    """Speedup against batch, the step's breakdown sync and async, and the sensitivity when it was run."""
+    from specrl.sim import plots, projection
+
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    paths = [plots.plot_speedup_vs_batch(projection.sweep(s, [1, 2, 3, 5, 7], [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
+                                         s.name, plot_dir / "speedup_vs_batch.png")]
+    cases = {"sync off": _sync(s, 0), f"sync K={s.k}": _sync(s, s.k)}
+    a = projection.run_scenario(replace(s, mode="async"), async_style)
+    cases[f"async off ({async_style})"], cases[f"async K={s.k}"] = a["spec_off"], a["spec_on"]
+    paths.append(plots.plot_step_breakdown(cases, f"{s.name}: step time breakdown", plot_dir / "step_breakdown.png"))
+    if sensitivity is not None:
+        paths.append(plots.plot_sensitivity(sensitivity, published.SEED_235B_PROJECTION["end_to_end_speedup"],
+                                            f"{s.name}: sensitivity ({async_style})", plot_dir / "sensitivity_235b.png"))
+    return [str(p) for p in paths]
 
 
 def _sync(s, k: int) -> dict:

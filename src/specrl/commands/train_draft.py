@@ -12,6 +12,21 @@ import shlex
 from pathlib import Path
 
 
+DESCRIPTION = (
+    "Samples the target at temperature 1 on its RL preset's prompts (rendered as RL renders them) "
+    "with the embedded engine, which hands over the hidden states it computes anyway, keeping the target's "
+    "top-k distribution at every response position (or loads such rollouts from --rollouts DIR). "
+    "--kind draft (default): pick the N tokens the target emits most (expected counts) and distil a draft "
+    "initialised from the target (its embeddings, first layers, final norm, lm_head restricted to those N "
+    "tokens) with soft cross-entropy against the target's distribution renormalised on the N tokens. "
+    "--kind eagle3 | mtp: train a one-layer head on the hidden states with a soft cross-entropy over a chain "
+    "of --depth drafted tokens (EAGLE-3's training-time test); EAGLE-3 is saved in vLLM's eagle3 layout. "
+    "Weights are saved in fp16 to the registered name (<target>-draft, <target>-eagle3, <target>-mtp: in "
+    "$SPECRL_CACHE, else ~/.cache/specrl) unless --out; the folder's specrl_train.json records the command. "
+    "Ends with a JSON summary: held-out loss, top-1 agreement and expected acceptance sum_x min(p, q) (per "
+    "depth for heads) before and after, token counts, seconds.")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from specrl.speculation.proposer_registry import MODEL_DRAFTS
     from specrl.training.draft_distillation import TrainDraftConfig
@@ -21,18 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q = subparsers.add_parser(
         "train-draft",
         help="train a draft for a target on its own samples: a small draft model, an EAGLE-3 head or an MTP head",
-        description="Samples the target at temperature 1 on its RL preset's prompts (rendered as RL renders them) "
-        "with the embedded engine, which hands over the hidden states it computes anyway, keeping the target's "
-        "top-k distribution at every response position (or loads such rollouts from --rollouts DIR). "
-        "--kind draft (default): pick the N tokens the target emits most (expected counts) and distil a draft "
-        "initialised from the target (its embeddings, first layers, final norm, lm_head restricted to those N "
-        "tokens) with soft cross-entropy against the target's distribution renormalised on the N tokens. "
-        "--kind eagle3 | mtp: train a one-layer head on the hidden states with a soft cross-entropy over a chain "
-        "of --depth drafted tokens (EAGLE-3's training-time test); EAGLE-3 is saved in vLLM's eagle3 layout. "
-        "Weights are saved in fp16 to the registered name (<target>-draft, <target>-eagle3, <target>-mtp: in "
-        "$SPECRL_CACHE, else ~/.cache/specrl) unless --out; the folder's specrl_train.json records the command. "
-        "Ends with a JSON summary: held-out loss, top-1 agreement and expected acceptance sum_x min(p, q) (per "
-        "depth for heads) before and after, token counts, seconds.",
+        description=DESCRIPTION,
     )
     q.add_argument("--kind", choices=MODEL_DRAFTS, default="draft", help="what to train (default draft)")
     q.add_argument("--target", default="smollm2-135m", help="target model name or path (default smollm2-135m)")
@@ -117,7 +121,7 @@ def resumable(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> dict:
     import sys
 
-    from specrl.models.registry import BUILTIN, builtin_path, draft_for, resolve_checkpoint
+    from specrl.models.registry import TARGETS, builtin_path, draft_for, resolve_checkpoint
     from specrl.training.rollout_data import RolloutDataConfig
 
     work = resumable(args)
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> dict:
         out = args.out
     elif name is not None and name != "tiny-draft":
         out = builtin_path(name)
-    elif args.target in BUILTIN:
+    elif args.target in TARGETS:
         raise ValueError(f"{args.target!r} gets its draft from `specrl pretrain`; pass --out to train another")
     else:
         raise ValueError("--out is required when --target is a path")

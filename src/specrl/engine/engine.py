@@ -5,7 +5,7 @@ One `generate` call:
                with the last call's first prompt are copied from the prefix cache, `prefix_cache.py`),
                then its KV rows are copied n times (the GRPO group shares one prefill);
     then, while rows are live, one step of named parts:
-    choose k   k, w, reason = controller.choose_step(live batch, room, generated)  (k = 0 plain; w > 1 a tree)
+    choose k   k, w, reason = planner.choose_step(live batch, room, generated)  (k = 0 plain; w > 1 a tree)
     propose    drafts = proposer.propose(context, k)             [B, k], with q or None
                (a tree: proposer.propose_tree(context, k, w): w candidates, each with k - 1 drafts)
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
@@ -45,9 +45,9 @@ from specrl.models.kv_cache import KVCache, retired_rows_order
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.block_verify import block_verify
-from specrl.speculation.planner import SpeculationController
+from specrl.speculation.planner import Planner
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
-from specrl.speculation.proposer_registry import default_speculative_tokens
+from specrl.speculation.proposer_registry import speculative_tokens
 from specrl.speculation.tree import TreeShape, verify_tree
 from specrl.speculation.verify import verify
 from specrl.telemetry.spec_stats import SpecStats
@@ -61,8 +61,7 @@ class EngineConfig:
 
     SECTION: ClassVar[str] = "engine"
 
-    # K, the most drafts verified per step (0 = never); None = the proposer's own default (its plug-in's
-    # default_k: 3; int8, the self-draft: 8)
+    # K, the most drafts verified per step (0 = never); None = the proposer's own default (its plug-in's default_k)
     num_speculative_tokens: int | None = within(None, "[0, inf)", alias="K")
     adaptive: bool = True  # choose K per step (0 = off) from the live batch and measured acceptance and cost
     # embedded engine, hidden-state heads: trees of up to this many candidate first tokens are among the
@@ -142,13 +141,12 @@ class RolloutEngine:
         self.verify_chain = CHAIN_VERIFIERS[config.verification or "block"]
         self.version = 0
         self.generating = False  # inside a generate call's steps (where a weight load needs a new version)
-        max_k = 0 if proposer is None else config.num_speculative_tokens if config.num_speculative_tokens is not None \
-            else default_speculative_tokens(proposer.name)
+        max_k = 0 if proposer is None else speculative_tokens(proposer.name, config.num_speculative_tokens)
         widest = proposer.max_width if proposer is not None else 1
         if not config.adaptive and config.fixed_tree_width > widest:
             raise ValueError(f"fixed_tree_width {config.fixed_tree_width}: the {proposer.name if proposer else 'absent'} "
                              f"proposer drafts trees of width <= {widest}")
-        self.controller = SpeculationController(max_k=max_k, adaptive=config.adaptive,
+        self.planner = Planner(max_k=max_k, adaptive=config.adaptive,
                                                 max_width=min(config.max_tree_width, widest),
                                                 fixed_width=config.fixed_tree_width if max_k else 1)
         self.max_model_len = min(config.max_model_len or model.cfg.max_position_embeddings,
@@ -169,11 +167,11 @@ class RolloutEngine:
 
     def _check_context(self, prompts: list[list[int]], params: SamplingParams) -> None:
         for i, prompt in enumerate(prompts):
-            need = len(prompt) + params.max_tokens + self.controller.max_k
+            need = len(prompt) + params.max_tokens + self.planner.max_k
             if need > self.max_model_len:
                 raise ValueError(
                     f"prompt {i} is too long for the context: {len(prompt)} prompt tokens + max_tokens "
-                    f"{params.max_tokens} + K {self.controller.max_k} = {need} > max_model_len {self.max_model_len}"
+                    f"{params.max_tokens} + K {self.planner.max_k} = {need} > max_model_len {self.max_model_len}"
                 )
 
     # -- generation -------------------------------------------------------------------
@@ -185,7 +183,7 @@ class RolloutEngine:
         start = time.perf_counter()
         prompts = encode_prompts(prompts, self.tokenizer, self.model.cfg.vocab_size)
         self._check_context(prompts, params)
-        self.controller.use_sampling((params.temperature, params.top_p, params.top_k))
+        self.planner.use_sampling((params.temperature, params.top_p, params.top_k))
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model.cfg.eos_token_ids))
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(self.tokenizer.eos_token_id)
@@ -232,7 +230,7 @@ class RolloutEngine:
             batch.cache.lens = batch.num_tokens - 1
             if self.proposer is not None:
                 self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
-            self.controller.prefilled()
+            self.planner.prefilled()
             call.weight_updates += 1
         call.weight_update_seconds += time.perf_counter() - start
 
@@ -242,14 +240,14 @@ class RolloutEngine:
         P, n = len(prompts), call.params.n
         lengths = torch.tensor([len(p) for p in prompts])
         # room past the longest row for one step's drafts: k per row as a chain, w * k as a tree
-        width = int(lengths.max()) + call.params.max_tokens + self.controller.max_k * self.controller.widest + 1
+        width = int(lengths.max()) + call.params.max_tokens + self.planner.max_k * self.planner.widest + 1
         tokens = torch.zeros(P, width, dtype=torch.long)  # [P, S]
         for i, p in enumerate(prompts):
             tokens[i, : len(p)] = torch.tensor(p)
         cache = self.model.new_cache(P, width)
         hidden = self._prefill_cache(tokens, lengths, cache, call)
         cache.lens = lengths - 1
-        self.controller.prefilled()
+        self.planner.prefilled()
         if self.proposer is not None:
             draft_start = time.perf_counter()
             self.proposer.start(tokens, lengths, call.params)
@@ -306,10 +304,10 @@ class RolloutEngine:
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size
         step_start = time.perf_counter()
-        speculating = self.controller.max_k > 0  # else nothing reads the controller's fits: it is not fed
+        speculating = self.planner.max_k > 0  # else nothing reads the planner's fits: it is not fed
         generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
         room = call.params.max_tokens - int(generated.min()) if speculating else None
-        plan = self.controller.choose_step(B, room, generated)
+        plan = self.planner.choose_step(B, room, generated)
         k, width = plan.k, plan.width
         call.plan_reasons[plan.reason] = call.plan_reasons.get(plan.reason, 0) + 1
         tree = TreeShape(width, k) if width > 1 else None
@@ -331,7 +329,7 @@ class RolloutEngine:
         done, stopped, kept = self._apply_stop_rules(batch, emitted, num_emitted, call)
         step_seconds = time.perf_counter() - step_start
         if speculating:
-            self.controller.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
+            self.planner.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
                                     kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
@@ -425,8 +423,8 @@ class RolloutEngine:
                 versions=batch.token_version[b, span].tolist(),
                 finish_reason="stop" if stopped[b] else "length",
                 text=response_text(self.tokenizer, ids, call.params.stop) if self.tokenizer is not None else None)
-        if self.controller.max_k:
-            self.controller.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
+        if self.planner.max_k:
+            self.planner.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
         keep = retired_rows_order(done)  # the cache then copies only the rows that move
         batch.keep(keep)
         if self.proposer is not None:

@@ -1,9 +1,9 @@
 // One Llama-family decoder layer for the few rows decoding, verification and drafting run, in one call.
 //
-// Why: at those row counts the projections stream their weights in ~0.7 ms a layer (small_gemm.cpp), and
-// the ~35 small PyTorch operations around them (norms, RoPE, the cache write, attention, the residual adds)
-// cost about as much again in dispatch: on SmolLM2-135M at batch 1 they were 8 of a 29 ms decode pass, and
-// 7 of the int8 self-draft's 17. Here the whole layer is one ctypes call.
+// Why: at those row counts the projections stream a layer's weights quickly (small_gemm.cpp), and the ~35
+// small PyTorch operations around them (norms, RoPE, the cache write, attention, the residual adds) add a
+// dispatch cost of the same order, a larger share still of the int8 self-draft's cheaper pass (measured in
+// docs/fast_path.md, "One forward pass"). Here the whole layer is one ctypes call.
 //
 //   x (the residual stream [M, H], updated in place), per row m = one new token of batch row batch_row[m]:
 //   h   = rms_norm(x) * attn_norm

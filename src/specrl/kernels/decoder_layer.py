@@ -1,9 +1,10 @@
 """One decoder layer in one call (`decoder_layer.cpp`, built into the small-row kernels' library).
 
 At the row counts of decoding, verification and drafting, the ~35 small PyTorch operations around a
-layer's four projections cost about as much as the projections' own streaming: on SmolLM2-135M at
-batch 1, 8 of a 29 ms decode pass and 7 of the int8 self-draft's 17. `LlamaModel.forward` runs each
-layer as one call instead wherever every projection is on the fast path and the rows fit the kernels.
+layer's four projections add a dispatch cost of the same order as the projections' own streaming, a larger
+share still of the int8 self-draft's cheaper pass (measured in docs/fast_path.md, "One forward pass").
+`LlamaModel.forward` runs each layer as one call instead wherever every projection is on the fast path and
+the rows fit the kernels.
 
     layer = Layer.of(weights, cfg)           once per weight load (holds pointers into `weights`)
     step = Step.of(cos, sin, batch_row, slot, mask, max_len)   once per forward pass

@@ -2,9 +2,10 @@
 kernels' library).
 
 A draft token needs q, the distribution the verifier reads, and one draw from it. In PyTorch that is ~10
-operations over the vocabulary, each allocating its output (~0.4 ms a draft token on SmolLM2's 49,152 ids
-in the engine); here it is one call. The draw is the inverse of q's cumulative distribution at one uniform
-from the call's generator, as `sampling.draw`, so each id is drawn with its probability under q to ~1e-16.
+operations over the vocabulary (SmolLM2's 49,152 ids), each allocating its output, for every draft token;
+here it is one call (docs/fast_path.md has the measured times). The draw is the inverse of q's cumulative
+distribution at one uniform from the call's generator, as `sampling.draw`, so each id is drawn with its
+probability under q to ~1e-16.
 
     token, q = sample(logits, temperature, generator)   logits [B, V] -> token [B] long, q [B, V] fp32
 
@@ -12,7 +13,8 @@ It covers untruncated sampling at a temperature above 0 (`proposer.sample_draft_
 top-k and top-p, through `sampling`), on fp32 rows on the CPU (`takes`).
 
     token = draw(probs, u)   the same inverse-CDF draw from given probabilities (what `sampling.draw` runs on
-                             fp32 rows on the CPU: ~1 ns an id, where PyTorch's float64 cumsum takes ~10)
+                             fp32 rows on the CPU: one pass over the row, where PyTorch's path makes a
+                             float64 copy and its cumsum; docs/fast_path.md)
 """
 from __future__ import annotations
 

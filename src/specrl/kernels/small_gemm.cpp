@@ -1,8 +1,8 @@
 // y[M, N] = x[M, K] @ W[N, K]^T for the few rows decoding and verification multiply (fp32, AVX2 + FMA).
 //
 // Why: MKL and OpenBLAS switch from gemv (1 row) to gemm (2+ rows) kernels that stream the weights
-// 1.7-2.5x slower on this class of CPU, so verifying k drafts cost far more than one decode step.
-// Here each weight is streamed once for up to 8 rows.
+// slower (the eager rows of docs/fast_path.md's kernel table), so verifying k drafts cost far more than
+// one decode step. Here each weight is streamed once for up to 8 rows.
 //
 // Layout: W is packed as Wp[N8][K][8], N8 = ceil(N / 8): block b holds outputs 8b..8b+7, and for
 // each k their 8 weights are contiguous (one 32-byte load). A tile multiplies R rows of x by NB
@@ -113,9 +113,9 @@ extern "C" int specrl_small_gemm_int8(const float* x, const int8_t* wp, const fl
 // AVX-512, 16 outputs per block: the same tiles over Wz[N16][K][16] (fp32, or int8 widened to 16 fp32 in a zmm
 // register: half the widening instructions per weight of the AVX2 path). 32 zmm registers hold 8 rows x 3 blocks
 // of accumulators (up to 4 rows x 6 blocks), where AVX2's 16 ymm registers held 8 x 1, so from ~8 rows on the
-// FMAs, not the loads and broadcasts, bound a pass (SmolLM2's projections, 1 thread, 8 rows: 64 ms on AVX2,
-// 26 ms here). Each (row, output) is still
-// one FMA chain over k in order, the AVX2 kernel's: the same bits as it, and batch-invariant for the same reason.
+// FMAs, not the loads and broadcasts, bound a pass (docs/log.md records what the AVX-512 tiles gained).
+// Each (row, output) is still one FMA chain over k in order, the AVX2 kernel's: the same bits as it, and
+// batch-invariant for the same reason.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw")
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -203,12 +203,13 @@ extern "C" int specrl_small_gemm_int8_avx512(const float* x, const int8_t* wp, c
 // AVX-512 VNNI, int8 weights by int8 activations (the int8 self-draft's default where the CPU has VNNI).
 //
 // Why: the widening kernels above spend two instructions per 16 weights turning int8 into fp32, and at one
-// thread that, not memory, bounds them (SmolLM2 at M = 1: 16 GB/s of int8 against the fp32 pass's 25).
+// thread that, not memory, bounds them: they stream their int8 bytes slower than the fp32 kernel streams
+// its fp32 ones (docs/log.md).
 // vpdpbusd multiplies 64 int8 pairs and adds them into 16 int32 lanes in one instruction.
 //
 // Activations: each row is quantized in groups of 16 along K, one fp32 scale per group (max |x| / 127,
-// rounded to nearest). One scale per row cost the draft too much acceptance (0.889 against 0.961 on
-// SmolLM2); groups of 16 cost 0.005 (docs/drafters.md).
+// rounded to nearest). One scale per row cost the draft too much acceptance; groups of 16 cost little
+// (docs/log.md has the acceptance figures).
 // Weights: q + 128 as uint8 (vpdpbusd's unsigned operand), so each group's integer sum carries
 // 128 x (the group's quantized activations' sum), subtracted by starting the sum at minus that.
 // Layout: blocks of 16 outputs, in groups of VGROUP blocks; a group's bytes are [K16 / 4][nb][16][4]
@@ -299,9 +300,9 @@ static inline void v_rows(const int8_t* xq, const float* xs, const int32_t* xc, 
 
 // All M rows by the groups [g0, g1) of a matrix of N16 blocks. The full groups are cut into VSTREAMS runs of
 // equal length, read side by side: each run is one long sequential stream, and one core pulls more from DRAM
-// out of two streams than out of one (SmolLM2's projections at M = 1, 1 thread: ~13% faster than one stream,
-// alternating in one process; docs/drafters.md). Per step, rows two at a time, the later pairs finding the
-// step's groups in L2. Then the groups left over, and the last group, when it is short, block by block.
+// out of two streams than out of one (measured in docs/log.md, "Two streams"). Per step, rows two at a time,
+// the later pairs finding the step's groups in L2. Then the groups left over, and the last group, when it is
+// short, block by block.
 static const int VSTREAMS = 2;
 
 static void v_groups(const int8_t* xq, const float* xs, const int32_t* xc, int M, int G, const uint8_t* wp,
@@ -350,9 +351,10 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
 // AVX2, int8 weights by int8 activations (the int8 self-draft's default where the CPU lacks AVX-512 VNNI).
 //
 // Why: the AVX2 widening kernel spends two instructions per 8 weights turning int8 into fp32 before its FMAs, and
-// at one thread those, not memory, bound it (SmolLM2's draft pass at M = 1: 0.40-0.42 of the fp32 pass, where its
-// bytes are a quarter). vpmaddubsw multiplies 32 byte pairs and adds neighbours into 16 int16 lanes, vpmaddwd by
-// ones adds those into 8 int32 lanes: 32 products in two instructions.
+// at one thread those, not memory, bound it: its pass takes well over the quarter of the fp32 pass that its
+// bytes would give (docs/log.md, "The AVX2 int8 x int8 kernel"). vpmaddubsw multiplies 32 byte pairs and adds
+// neighbours into 16 int16 lanes, vpmaddwd by ones adds those into 8 int32 lanes: 32 products in two
+// instructions.
 //
 // The VNNI kernel's activations (groups of 16 along K, `quantize_groups`) and its weight layout, so the int8
 // copy's one-pass rebuild serves both: q + 128 as uint8, XOR 0x80 back to int8 q in a register. vpmaddubsw's

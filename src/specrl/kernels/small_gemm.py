@@ -1,8 +1,9 @@
 """specrl's small-row matmul kernel (`small_gemm.cpp`), built once and loaded with ctypes.
 
 Decoding and verification multiply a few rows (M = live rows x (k + 1)) by weights streamed
-from memory; MKL's gemm for M >= 2 streams them 1.7-2.5x slower than its gemv for M = 1, so
-before this kernel verifying 3 drafts at batch 1 cost ~2.6 decode steps. The kernel streams
+from memory; MKL's gemm for M >= 2 streams them slower than its gemv for M = 1, so before
+this kernel verifying a few drafts cost far more than one decode step (the eager rows of
+docs/fast_path.md's kernel table). The kernel streams
 each weight once for up to 8 rows (see the .cpp) and is used for M <= MAX_ROWS; larger M goes
 to MKL. Blocks of 16 outputs on AVX-512, 8 on AVX2 (`fp32_block()`); the two give the same bits.
 
@@ -30,10 +31,9 @@ kernels compute the same bits:
     y = matmul(x, packed, N, scales=scales)        ~ quantize_activations(x) (q * scale)^T (the uint8 picks it;
                                                       vnni=False: the AVX2 kernel)
 
-(One activation scale per row instead of per group of 16 cost the draft's acceptance 0.889 against 0.961 on
-SmolLM2, and lost in the engine (docs/drafters.md). int16 activations by VNNI's vpdpwssd, weights widened to
-int16 two k at a time, measured 7.8 ms at M = 1 against the widening path's 8.6, and slower from M = 4 on
-(13.3 against 12.3 ms; SmolLM2, 1 thread): not kept.)
+(One activation scale per row instead of per group of 16 cost the draft acceptance and lost in the engine.
+int16 activations by VNNI's vpdpwssd, weights widened to int16 two k at a time, gained little on the widening
+path at M = 1 and were slower from M = 4 on: not kept. The figures are in docs/log.md, "Dropped kernels".)
 
 Where the library comes from, in order: the copy `make` builds next to the source
 (`python -m specrl.kernels.small_gemm`), or one built on first use into the user's cache
@@ -62,7 +62,7 @@ SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("small_gemm.cpp", "decoder_layer.cpp", "draft_sampler.cpp"))
 HEADERS = (Path(__file__).with_name("vector_math.h"),)
 PACKAGED = Path(__file__).with_name("libspecrl_small_gemm.so")
-MAX_ROWS = 128  # up to here the kernel beats MKL (measured on this project's CPU, 1 and 2 threads); above, MKL
+MAX_ROWS = 128  # up to here the kernel beats MKL at 1 and 2 threads (docs/fast_path.md's kernel table); above, MKL
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 

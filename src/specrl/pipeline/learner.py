@@ -34,9 +34,9 @@ from specrl.pipeline.trainer_group import TrainerGroup
 from specrl.rl.advantages import group_advantages
 from specrl.rl.grpo import overlong_penalty
 from specrl.rl.adaptation import draft_trainer
+from specrl.rl.head_adaptation import HeadTrainer
 from specrl.rl.trainer import PolicyTrainer
 from specrl.speculation.acceptance import expected_tokens
-from specrl.speculation.proposer_registry import KINDS
 from specrl.tasks import make_task
 from specrl.telemetry.sinks import MetricsSink, truncate_metrics
 from specrl.telemetry.spec_stats import SpecStats
@@ -147,7 +147,7 @@ class Learner:
         `completions` (held-out rollouts, the same ones at every evaluation), and the acceptance length each
         implies (1 + a1 + a1 a2 + ...)."""
         kind = self.config.backend.draft_kind
-        if self.draft is None or KINDS[kind].training != "head" or not completions:
+        if not isinstance(self.draft, HeadTrainer) or not completions:
             return {}
         completions = completions[:HEAD_ACCEPTANCE_ROLLOUTS]
         if self.frozen_head is None:

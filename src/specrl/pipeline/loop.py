@@ -90,13 +90,13 @@ class Pipeline:
         checkpoint, models = starting_point(config, resume)
         self.config = config
         self.learner = learner = Learner(config, checkpoint, models)
-        spec, saved = config.pipeline, learner.resumed_pipeline
-        sync = spec.mode == "sync"
+        pipeline, saved = config.pipeline, learner.resumed_pipeline
+        sync = pipeline.mode == "sync"
         self.P = config.rollout.prompts_per_step
-        self.R = self.P if sync else spec.prompts_per_request or self.P
-        self.max_staleness = 0 if sync else spec.max_staleness
+        self.R = self.P if sync else pipeline.prompts_per_request or self.P
+        self.max_staleness = 0 if sync else pipeline.max_staleness
         window = (self.max_staleness + 1) * self.P
-        self.window = window if sync else min(spec.buffer_size or window, window)
+        self.window = window if sync else min(pipeline.buffer_size or window, window)
         self.dynamic = config.grpo.dynamic_sampling
         self.buffer = StalenessBuffer(self.max_staleness, drop_uniform=self.dynamic)
         # a checkpoint written before the two modes shared this loop holds no request counter: step s was request s - 1

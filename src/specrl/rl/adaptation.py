@@ -15,12 +15,20 @@ from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import KINDS
 
 
+# a plug-in's training recipe (`ProposerKind.training`) -> its trainer, from (kind, draft_dir, policy model,
+# policy_dir, config, sampling)
+RECIPES = {
+    "head": lambda kind, draft_dir, model, policy_dir, config, sampling: HeadTrainer(
+        draft_dir, kind, model, policy_dir, config, sampling),
+    "draft_model": lambda kind, draft_dir, model, policy_dir, config, sampling: DraftTrainer(
+        draft_dir, config, sampling.temperature),
+}
+
+
 def draft_trainer(kind: str, draft_dir: str | Path, policy_model, policy_dir: str | Path, config: DraftAdaptConfig,
                   sampling: SamplingParams) -> DraftTrainer | HeadTrainer:
     """The trainer that adapts the `kind` draft in `draft_dir` during RL, by the kind's recipe."""
     recipe = KINDS[kind].training
-    if recipe == "head":
-        return HeadTrainer(draft_dir, kind, policy_model, policy_dir, config, sampling)
-    if recipe == "draft_model":
-        return DraftTrainer(draft_dir, config, sampling.temperature)
-    raise ValueError(f"draft.enabled: the {kind} proposer has no trained weights to adapt; set draft.enabled=false")
+    if recipe is None:
+        raise ValueError(f"draft.enabled: the {kind} proposer has no trained weights to adapt; set draft.enabled=false")
+    return RECIPES[recipe](kind, draft_dir, policy_model, policy_dir, config, sampling)

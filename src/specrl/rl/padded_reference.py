@@ -4,7 +4,7 @@ Each sequence is its own row `prompt + response`, right-padded to the longest in
 `micro_batch_size` rows; the model computes logits [B, T, V] at every position and the loss reads
 those that predict response tokens (`train_batch`'s loss mask). This is how the trainer computed
 until it packed shared prompts (`rl.packing`); `PolicyTrainer.step` must give the same loss and
-gradients to fp32 rounding (tests/test_packed_trainer.py), and `specrl.bench.trainer_step` times
+gradients to fp32 rounding (tests/test_packed_trainer.py), and `specrl bench trainer-step` times
 both. One rank, no adaptation hooks.
 """
 from __future__ import annotations

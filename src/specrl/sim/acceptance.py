@@ -105,7 +105,7 @@ def request_tokens_per_step(acc: Acceptance, means, k: int) -> np.ndarray:
 
 def prefix_acceptance(acc: Acceptance, k: int) -> np.ndarray:
     """[K]: P(the first j drafts all accepted), j = 1..K, per iteration of a long response with mean `acc.mean`:
-    windows weighted by the iterations spent in them (1 / tau), as a controller that counts accepted drafts per
+    windows weighted by the iterations spent in them (1 / tau), as a planner that counts accepted drafts per
     step sees them. 1 + its sum is `acceptance_length`."""
     alphas = quadrature_alphas(acc)
     weight = 1.0 / tokens_per_step(alphas, k, acc.decay)

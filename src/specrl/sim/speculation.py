@@ -4,11 +4,11 @@ A policy sees the live batch and its cached tokens and returns K (0 = off); afte
 iterations it is told what they cost and what they accepted (`observe`), and `max_segment` caps the
 iterations it commits to at once.
   FixedK     always K (the seed's setting: K = 3).
-  PlannedK   the controller users get: the embedded engine's planner (`speculation.planner`), with its
+  PlannedK   the planner users get: the embedded engine's planner (`speculation.planner`), with its
              exploration, its fitted step costs, the acceptance it learns from the drafts its steps
              accept, and the never-lose rule, fed the simulated iteration times; it decides every few
              iterations.
-  OracleK    an upper bound, not a controller anyone runs: it knows the true acceptance and the true
+  OracleK    an upper bound, not a planner anyone runs: it knows the true acceptance and the true
              iteration times, and picks the K among `candidates` with the most tokens per second,
              acceptance_length(K) / iteration_time(B, K, kv); K = 0 where speculation does not pay.
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from specrl.sim.acceptance import Acceptance, acceptance_length
 from specrl.sim.iteration import Engine
-from specrl.speculation.planner import SpeculationController, best_option
+from specrl.speculation.planner import Planner, best_option
 
 LONG_SEGMENT = 256  # iterations a policy that never changes its mind lets the simulator run at once
 
@@ -48,23 +48,23 @@ class PlannedK:
 
     max_k: int
     max_segment: int = 8
-    controller: SpeculationController = field(init=False, repr=False)
+    planner: Planner = field(init=False, repr=False)
 
     def __post_init__(self):
-        self.controller = SpeculationController(max_k=self.max_k)
+        self.planner = Planner(max_k=self.max_k)
 
     def choose(self, engine: Engine, batch: int, kv_tokens: float) -> int:
-        return self.controller.choose(batch) if engine.drafter is not None else 0
+        return self.planner.choose(batch) if engine.drafter is not None else 0
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos) -> None:
         """One iteration over `batch` rows with k drafts: its seconds and, per position, the rows that accepted
         drafts 0..j (expected counts)."""
-        self.controller.observe(batch, k, seconds, list(accepted_per_pos))
+        self.planner.observe(batch, k, seconds, list(accepted_per_pos))
 
 
 @dataclass
 class OracleK:
-    """The best K for the true acceptance and costs (an upper bound on what a controller achieves).
+    """The best K for the true acceptance and costs (an upper bound on what a planner achieves).
 
     acceptance: the true acceptance model.
     candidates: K values it may pick; include 0 to allow switching speculation off.

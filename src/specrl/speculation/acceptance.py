@@ -15,7 +15,7 @@ position's acceptance falls (a new temperature, a policy that drifted), the deep
 with it instead of keeping their old values.
 
 The prior each c_j starts from (held with the weight of `prior_rows` rows, forgotten like the counts) is
-`prior` at position 0 and, deeper, the estimate of position j - 1. A position the controller has not
+`prior` at position 0 and, deeper, the estimate of position j - 1. A position the planner has not
 drafted lately keeps the prior it was given, so a fixed prior below a good draft's acceptance would price
 long chains by the prior and never run them to learn better (the int8 self-draft, accepted 0.96 at
 position 0, drafted K = 3 where K = 8 paid more). Borrowing from the position before errs the other
@@ -30,7 +30,7 @@ class AcceptanceEstimate:
         """`prior`: the conditional acceptance assumed at every position before any observation, held
         with the weight of `prior_rows` rows (0: the first observation of a position replaces it)."""
         self.prior, self.smoothing = prior, smoothing
-        self.trials = [0.0] * depth  # decayed counts of observed rows (plain lists: the controller updates them
+        self.trials = [0.0] * depth  # decayed counts of observed rows (plain lists: the planner updates them
         self.accepted = [0.0] * depth  # every speculative step, and numpy's per-call cost would be most of it)
         self.prior_weight = [float(prior_rows)] * depth  # decayed with the counts
         self._update_prefix()

@@ -9,7 +9,7 @@ since its last proposal: one step's worth, or more after steps run without
 speculation), then its drafts; the draft entries past the verified end are simply
 overwritten by the next proposal's feed. The prompt's prefill waits for the first proposal: it
 runs on the prompt rows, whose cache is then repeated to the live rows, so a call that never
-speculates never runs the draft (on `tiny` the prefill cost 4% of a call decoded plainly).
+speculates never runs the draft (a prefill up front would be a fixed cost on every call decoded plainly).
 
 A draft with a reduced output vocabulary (config `draft_vocab_size` and a `d2t`
 tensor mapping draft ids to target ids) puts zero probability outside those ids.

@@ -8,8 +8,8 @@ target's hidden states of the positions it just verified:
         hidden {layer: [B, T, H]}, row b valid for t < count[b], at positions start[b] + t.
         Kept pending, not run: steps without speculation (adaptive K = 0) cost the head nothing.
         When rows leave the batch, a pending chunk only records which of its rows are still live;
-        its states are gathered at the catch-up (copying every chunk at every retirement cost 13%
-        of a plain call at batch 64 on `tiny`).
+        its states are gathered at the catch-up (copying every chunk at every retirement is paid at
+        large batches, where rows retire often, even by calls that never speculate).
 
     catch-up (before a proposal)
         runs chain element 1 at every pending position (features fused from the hidden
@@ -17,8 +17,8 @@ target's hidden states of the positions it just verified:
         each row's last position anchors the proposal. What was pending when the prompt rows
         were repeated n times (the prompt) is caught up on the prompt rows, then repeated with
         the cache: n times cheaper than on the repeated rows, and deferred like the rest, so a
-        call that never speculates never runs the head (on `tiny` the prompt's catch-up cost
-        6% of a call decoded plainly).
+        call that never speculates never runs the head (an eager catch-up would be a fixed cost on
+        every call decoded plainly).
 
     propose(context, k)
         element 1's output is the anchor's; elements 2..k each run the head once more on its

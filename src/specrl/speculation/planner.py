@@ -1,53 +1,46 @@
-"""The planner: the one place that prices speculation options and picks the one that pays most.
+"""The planner: prices each speculation option of a step and picks the one that pays most.
 
-`best_option` is the rule every choice goes through: the most expected tokens per second, and plain
-decoding unless the best beats it by `min_gain` (the never-lose rule). Its users price their own options:
-    the engine      `SpeculationController.choose_step`: K (0 = plain) and chain or tree width per step,
-                    returned as a `StepPlan` with its reason (`REASONS`);
-    the hybrid      `HybridProposer.choose`: which draft source (its model part or the suffix draft) at k;
-    the simulator   `sim.speculation.PlannedK`: this controller, fed simulated step times and acceptance.
+Its users choose through `best_option`: the engine (`Planner.choose_step`: K, 0 = plain, and chain or tree
+width per step, a `StepPlan` with its reason from `REASONS`), the hybrid (`HybridProposer.choose`: which
+draft source) and the simulator (`sim.speculation.PlannedK`). The rules, each with its test in
+tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's rules"):
 
-Rate of an option: rate(k, w) = tau(k, w) / T(B, k, w), with tau the tokens a row keeps,
-    tau(k) = 1 + sum_{i<k} P(the first i+1 drafts all accepted) g^(i+1)
-g the chance a kept token is not the row's last (from the live rows' positions in their answers and
-the lengths of retired rows, `ResponseLengths`), and no draft past the room left before max_tokens.
-P(...) is the measured acceptance (`AcceptanceEstimate`, per position, per sampling setting and tree
-width; a new setting starts at the prior). Trees are options when the proposer drafts them and
-B * (1 + w k) <= `max_tree_rows`.
-
-Step time T, from least-squares fits with exponential forgetting:
-    plain(B)     = a0 + b0 * B        (plain steps only; at a batch size where plain steps ran, their
-                                       decayed mean there, `plain_seconds`)
-    verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B + one offset per k in (0, max_k)
-    draft(B, k)  = k * (e + f * B)    (the proposer's own time, as the engine reports it)
-Not fitted: a plain step right after a speculative one or a prefill, and the first speculative step
-(each runs on cold caches or pays one-time costs). Where no speculative step ran in a power-of-two range
-of B, an option is priced as `_could_pay` prices it (its verify as a plain step over as many tokens).
-
-Exploration and refresh: k = 0 runs `min_samples` steps, then k = 1 once, then each other option once
-and k = max_k `min_samples` times over the controller's life, each only where it could pay if every
-draft were accepted (`_could_pay`); k = 0 runs once in each new power-of-two range. After
-`refresh_every` plain steps a short speculative step re-measures acceptance; each refresh that leaves
-speculation off doubles the wait, up to `refresh_max`. While speculating, two plain steps follow every
-`refresh_every` speculative ones to keep plain's fit current. Where pricing chose plain decoding, the
-next `reprice_every` - 1 steps in that range decode plainly without pricing.
-
-Since k = 0 is always a candidate, a slow or rarely accepted draft cannot make a rollout slower than
-plain decoding beyond the exploratory and refresh steps. The measurements behind each rule are in
-docs/log.md ("the planner's rules and the measurements that set them").
+ 1. Rate of an option: tau(k, w) / T(B, k, w), tau(k) = 1 + sum_{i<k} P(the first i+1 drafts kept) g^(i+1),
+    g the chance a kept token is not its row's last (`ResponseLengths`).
+    `test_expected_tokens_matches_the_iid_closed_form`, `test_tokens_past_a_rows_stop_are_not_counted`
+ 2. Never lose: plain decoding unless the best rate beats plain's by `min_gain`.
+    `test_a_predicted_gain_below_min_gain_keeps_speculation_off`
+ 3. P per position given the positions before, per sampling setting and tree width, from the prior.
+    `test_acceptance_is_estimated_per_position_given_the_positions_before`, `..._kept_apart_per_sampling_setting`
+ 4. T from least-squares fits with forgetting (`step_time`); plain decoding, where plain steps ran at this B,
+    at their decayed mean there. `test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_...`
+ 5. Not fitted: the first speculative step, the step after a prefill, a plain step after a speculative one.
+    `test_the_first_speculative_step_is_not_fitted`, `test_the_first_step_after_a_prefill_is_not_fitted`
+ 6. In a power-of-two range of B where no speculative step ran, a verify is priced as a plain step over as
+    many tokens. `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`
+ 7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
+    what could pay if every draft were kept (`_could_pay`).
+    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed`
+ 8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
+    that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
+ 9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
+    `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`
+10. Where pricing chose plain, it stands `reprice_every` steps there unpriced.
+    `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`
+11. No draft past the room a row has left before max_tokens. `test_no_step_drafts_past_the_room_rows_have_left`
+12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
+13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 """
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
 from specrl.speculation.acceptance import AcceptanceEstimate
 from specrl.speculation.response_lengths import ResponseLengths
+from specrl.speculation.step_time import StepTimeModel, draft_features, plain_features, verify_features
 
 
 def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
@@ -59,108 +52,6 @@ def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None
     if plain is not None and rate[best] < min_gain * rate[plain]:
         return plain
     return best
-
-
-def step_features(batch: int, k: int, width: int = 1) -> tuple[float, ...]:
-    """A pass over B rows of 1 + e tokens, e = width * k extra (drafted) tokens per row."""
-    e = width * k
-    return 1.0, batch * (e + 1.0), float(e), float(e * batch)
-
-
-def plain_features(batch: int, k: int = 0, width: int = 1) -> tuple[float, ...]:
-    """A plain decoding step over B rows."""
-    return 1.0, float(batch)
-
-
-def verify_features(extras: list[int]):
-    """`step_features` plus an indicator for each extra-token count e in `extras` (the options' e
-    strictly between 0 and the largest)."""
-    def features(batch: int, k: int, width: int = 1) -> tuple[float, ...]:
-        return step_features(batch, k, width) + tuple(float(width * k == e) for e in extras)
-    return features
-
-
-def draft_features(batch: int, k: int, width: int = 1) -> tuple[float, ...]:
-    """Proposer passes and rows drafted: a chain is k passes over B rows; a tree one pass over B rows
-    (the candidates) and k - 1 over B * width (the branches)."""
-    return float(k), float(batch + max(k - 1, 0) * batch * width if width > 1 else k * batch)
-
-
-class StepTimeModel:
-    """Least squares fit of a time on `features(B, k)`, forgetting old steps by `decay`.
-
-    The fit is solved once after each `add`, when first needed, not per prediction: the controller
-    prices every option on every step, and on a model whose step takes a millisecond a solve per
-    option cost a fifth of the step (0.3-0.7 ms per choice, docs/benchmarks.md). Predictions are plain
-    Python over the solved coefficients: numpy's per-call cost, on the caches a model pass left cold,
-    made pricing 0.1-0.25 ms a step on `tiny` (6% of a call at batch 64). For the same reason `add` only
-    notes the step; the steps noted since the last fit join the sums at once, when the fit is next needed
-    (or every `FOLD_AT` steps): updating the sums at each step cost ~15 us a step, most of the 5% that
-    feeding the controller cost `tiny` at batch 64 where plain decoding stands unpriced (`reprice_every`)."""
-
-    FOLD_AT = 64  # noted steps that join the sums even if no fit is asked for (adaptive=False is never priced)
-
-    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
-        self.decay, self.ridge, self.features = decay, ridge, features
-        n = len(features(1, 1))
-        self.xtx = np.zeros((n, n))
-        self.xty = np.zeros(n)
-        self._eye = np.eye(n)
-        self._coef: list[float] | None = None
-        self._rows: dict[tuple[int, int, int], tuple[float, ...]] = {}  # feature rows per (B, k, width): a drain
-        # revisits the same few
-        self._noted: list[tuple[tuple[float, ...], float]] = []  # steps added since the sums were last updated
-
-    def add(self, batch: int, k: int, seconds: float, width: int = 1) -> None:
-        key = (batch, k, width)
-        row = self._rows.get(key)
-        if row is None:
-            row = self._rows[key] = self.features(batch, k, width)
-        self._noted.append((row, seconds))
-        self._coef = None
-        if len(self._noted) >= self.FOLD_AT:
-            self._fold()
-
-    def _fold(self) -> None:
-        """The noted steps into the sums: of m steps, the i-th weighs decay^(m-1-i), the sums before them
-        decay^m, as if each had been added alone."""
-        m = len(self._noted)
-        if not m:
-            return
-        x = np.array([row for row, _ in self._noted])
-        y = np.array([seconds for _, seconds in self._noted])
-        xw = x * (self.decay ** np.arange(m - 1, -1, -1.0))[:, None]
-        self.xtx = self.xtx * self.decay ** m + xw.T @ x
-        self.xty = self.xty * self.decay ** m + xw.T @ y
-        self._noted.clear()
-
-    @property
-    def coef(self) -> list[float]:
-        """The fitted coefficients, one per feature."""
-        if self._coef is None:
-            self._fold()
-            xtx, xty = self.xtx.tolist(), self.xty.tolist()
-            ridge = self.ridge * (sum(xtx[i][i] for i in range(len(xty))) or 1.0)
-            if len(xty) == 2:  # the plain and draft fits: in closed form (a solve cost ~50 us on cold caches)
-                (a, b), (c, d) = xtx
-                a, d = a + ridge, d + ridge
-                det = a * d - b * c
-                self._coef = [(d * xty[0] - b * xty[1]) / det, (a * xty[1] - c * xty[0]) / det]
-            else:
-                self._coef = np.linalg.solve(self.xtx + ridge * self._eye, self.xty).tolist()
-        return self._coef
-
-    @property
-    def fitted(self) -> bool:
-        """Whether any step was added."""
-        return bool(self._noted) or bool(self.xty.any())
-
-    def predict(self, batch: int, k: int, width: int = 1) -> float:
-        return self.predict_features(self.features(batch, k, width))
-
-    def predict_features(self, features: tuple[float, ...]) -> float:
-        """The prediction for one feature row (never below zero)."""
-        return max(sum(map(operator.mul, features, self.coef)), 0.0)
 
 
 class StepPlan(NamedTuple):
@@ -185,28 +76,25 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
 
 
 @dataclass
-class SpeculationController:
+class Planner:
+    """One engine's per-step choices of K and tree width (the rules: module docstring); fields are their knobs."""
     max_k: int  # largest K tried
     adaptive: bool = True  # False: always max_k (as a chain)
     smoothing: float = 0.1  # each step forgets this share of the acceptance counts before adding its own
     prior_acceptance: float = 0.7  # per-position acceptance assumed before any draft is verified
-    prior_rows: float = 10.0  # the prior weighs as much as this many observed rows (1 / smoothing: at batch 1,
-    # as much as the counts can hold)
-    min_samples: int = 2  # steps with k = 0 and k = max_k (over the controller's life) before the fits are trusted
+    prior_rows: float = 10.0  # the prior weighs as much as this many observed rows (1 / smoothing: all at batch 1)
+    min_samples: int = 2  # steps with k = 0 and k = max_k (over the planner's life) before the fits are trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
     plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters)
     stop_decay: float = 0.99  # each step keeps this share of the stop and kept-token counts
     length_decay: float = 0.98  # each retired row keeps this share of the older rows' weight (`ResponseLengths`)
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
-    refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell whether the draft got
-    # better, and at a large batch a k = 8 refresh (the int8 self-draft's max_k) costs ~9 plain steps
+    refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell if the draft got better
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
     reprice_every: int = 8  # with plain decoding chosen at a batch size, it stands there this many steps unpriced
-    # and unfitted: one plain step in 8 is plenty for the fits, and the controller's own work per step, with
-    # the caches a model pass left cold, cost 9% of a plain `tiny` step at batch 8 (~60-100 us a pricing)
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
 
     def __post_init__(self):
@@ -274,18 +162,10 @@ class SpeculationController:
 
     def _could_pay(self, option: tuple[int, int], batch: int, cheapest_drafts: bool = False) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
-        accepted, priced as `_unfitted_seconds` prices it; true until plain steps were fitted. Both of its
-        parts are measured directly, where the verify model's price for an option not yet run is an
-        extrapolation: from k = max_k at batch 32 it priced every k at batch 1 too dear to try, and a GRPO
-        run on SmolLM2 never speculated in its drains' tails. Exploring or refreshing an option that could
-        not pay costs a step and teaches nothing this batch can use: on `tiny`, exploring k = 3..7 at batch
-        64 cost 55 ms, ~50 plain steps.
-
-        `cheapest_drafts` (a refresh): its drafts at the cheapest pass measured in this batch range, where
-        that is less. A refresh re-measures the draft's cost as well as its acceptance, and priced by the
-        draft fit, one slow pass could bar every refresh for good: on `tiny` at batch 1, a fitted draft pass
-        of 0.70 ms (0.25 usual) priced every option out, and with no speculative step to correct it, 1 in
-        ~8 bench processes never speculated again."""
+        accepted, priced from what was measured directly (`_unfitted_seconds`), not by the verify fit's
+        extrapolation to an option not yet run; true until plain steps were fitted. `cheapest_drafts` (a
+        refresh, which re-measures the draft's cost too): its drafts at the cheapest pass measured in this
+        batch range, so that one slow pass cannot bar every refresh for good."""
         if not self.plain_times.fitted:
             return True
         k, width = option
@@ -398,9 +278,7 @@ class SpeculationController:
     def _go_on(self, generated) -> list[float]:
         """The live rows' chances g_0, ..., g_{max_k - 1} of keeping draft 1, ..., max_k if accepted: their own
         (`ResponseLengths`), capped by the one stop rate's (1 - rate)^(i+1), so that where rows are tells only
-        where a draft would be thrown away. Uncapped, rows early in their answers (g ~ 1) made k = 5-7 look worth
-        a step at `tiny`'s batch 64, where the verify model, fitted to one such step there, priced it at half
-        the 11-13 ms it took (0.75x of plain decoding for those calls)."""
+        where a draft would be thrown away (uncapped, rows early in their answers made deep drafts look cheap)."""
         rows = generated.tolist() if hasattr(generated, "tolist") else list(generated)
         one_rate = 1.0 - self.stop_rate
         return [min(own, one_rate ** (i + 1)) for i, own in enumerate(self.lengths.go_on(rows, self.max_k))]
@@ -420,7 +298,7 @@ class SpeculationController:
         return curves
 
     def choose(self, batch: int) -> int:
-        """The chain K for a step over `batch` rows (a controller without trees)."""
+        """The chain K for a step over `batch` rows (a planner without trees)."""
         return self.choose_step(batch)[0]
 
     def expected(self, k: int, width: int = 1) -> float:

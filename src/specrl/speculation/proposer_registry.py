@@ -15,9 +15,8 @@ its family's own module, which owns what it needs and who serves it; this regist
 `none` (no speculation) is not a proposer; `PROPOSER_CHOICES` adds it for configs and CLIs.
 Everything that names proposers reads this module: `BackendConfig`'s choices, both backends,
 the benches and draft training; none of them asks which kind a proposer is, only what its plug-in
-says. The model registry keeps its own list of the kinds that load a checkpoint (`DRAFT_CHECKPOINTS`,
-which models sit below speculation to own), checked against this one. Adding a family: its module
-with a `PLUGIN`, and one line in `KINDS` below.
+says, and the model registry names a target's draft of a kind `<target>-<kind>` without a list of
+its own. Adding a family: its module with a `PLUGIN`, and one line in `KINDS` below.
 """
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ from typing import Literal
 
 from specrl.models.checkpoint import read_config_json
 from specrl.models.llama import LlamaModel
-from specrl.models.registry import DRAFT_CHECKPOINTS
 from specrl.speculation import draft_model, eagle3, hybrid, int8_draft, mtp, ngram, suffix
 from specrl.speculation.draft_head import DraftHead, saved_head_kind
 from specrl.speculation.plugin import ProposerKind, ProposerSetup
@@ -47,9 +45,6 @@ PROPOSER_NAMES = tuple(KINDS)
 PROPOSER_CHOICES = ("none", *PROPOSER_NAMES)
 ProposerChoice = Literal[PROPOSER_CHOICES]  # type: ignore[valid-type]
 MODEL_DRAFTS = tuple(kind.name for kind in KINDS.values() if kind.checkpoint)  # kinds that load a checkpoint
-if set(MODEL_DRAFTS) != set(DRAFT_CHECKPOINTS):  # the model registry names each target's drafts by these kinds
-    raise ImportError(f"proposer kinds that load a checkpoint {MODEL_DRAFTS} != models.registry.DRAFT_CHECKPOINTS "
-                      f"{DRAFT_CHECKPOINTS}: change both together")
 ModelDraftChoice = Literal[MODEL_DRAFTS]  # type: ignore[valid-type]
 HEAD_KINDS = {kind.name: kind.head for kind in KINDS.values() if kind.head is not None}
 
@@ -61,8 +56,10 @@ def draft_kind(proposer: str, hybrid_model: str) -> str | None:
     return hybrid_model if KINDS[proposer].wraps_model_draft else KINDS[proposer].checkpoint
 
 
-def default_speculative_tokens(proposer: str) -> int:
-    """K for a config that leaves num_speculative_tokens unset: the kind's `default_k` (0 for none)."""
+def speculative_tokens(proposer: str, k: int | None = None) -> int:
+    """K: `k` (a config's num_speculative_tokens) where set, else the kind's `default_k` (0 for none)."""
+    if k is not None:
+        return k
     return KINDS[proposer].default_k if proposer in KINDS else 0
 
 

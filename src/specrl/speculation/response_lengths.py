@@ -3,8 +3,8 @@ rows retired.
 
 A chain drafted past a row's stop is thrown away, so the tokens a step keeps depend on where its rows are in
 their responses. With one stop rate for every position, a drain's last rows, which are mostly at their
-answer's last token, were priced as if mid-answer: on `tiny` at batch 64 the last row alone drafted k = 4-5,
-a step of ~2 ms against 0.55 plain, and kept its one stop token (~6% of each such call).
+answer's last token, were priced as if mid-answer: on `tiny` at batch 64 the last row alone drafted several
+tokens, in a step far dearer than a plain one, and kept only its one stop token.
 
 The hazard at generated position t, the chance that the token there is the row's last given the row kept it,
 is estimated as Kaplan-Meier does, from decayed counts of the retired rows' lengths m (tokens generated):
@@ -17,10 +17,10 @@ is estimated as Kaplan-Meier does, from decayed counts of the retired rows' leng
 
 each position pulled, with the weight of `prior_rows` rows, half towards the one before it and half towards
 the pooled rate (all stops over all positions at risk). A position few rows reached, or none, leans on its
-neighbour's hazard: on `tiny`, where ~1% of answers run past 10 tokens, the pooled rate (~0.11) alone priced
-a row at 10 as going on, while rows that reach 9 all stop at 10. Past the rows retired, the hazard returns
-to the pooled rate within a few positions: a flat extrapolation of the last one (the longest row's end,
-near 1) kept a GRPO drain's long last row on SmolLM2 decoding plainly for ~90 steps. A row that has
+neighbour's hazard: on `tiny`, where few answers run past 10 tokens, the pooled rate alone priced a row at
+10 as going on, while rows that reach 9 all stop at 10. Past the rows retired, the hazard returns to the
+pooled rate within a few positions: a flat extrapolation of the last one (the longest row's end, near 1)
+kept a GRPO drain's long last row on SmolLM2 decoding plainly for many steps. A row that has
 generated L tokens keeps draft i + 1 of a step only if none of its tokens at L, ..., L + i is its last:
 
     G_i(L) = prod_{t = L .. L + i} (1 - h(t))
@@ -47,8 +47,8 @@ class ResponseLengths:
 
     def retire(self, lengths: list[int], stopped: list[bool]) -> None:
         """Rows left the batch: the tokens each generated, and whether a stop token or string ended it (else
-        max_tokens cut it). Plain Python: a few rows at a time, where numpy's per-call cost was ~0.3 ms a
-        call on `tiny`."""
+        max_tokens cut it). Plain Python: a few rows at a time, where numpy's fixed per-call cost would
+        outweigh the work."""
         for length, stop in zip(lengths, stopped):
             if length >= len(self.retired):
                 grow = length + 1 - len(self.retired)

@@ -1,19 +1,20 @@
-"""The adaptive-K controller on synthetic step times."""
+"""The planner on synthetic step times."""
 import numpy as np
 
-from specrl.speculation.planner import SpeculationController, StepTimeModel
+from specrl.speculation.planner import Planner
+from specrl.speculation.step_time import StepTimeModel
 from specrl.speculation.acceptance import expected_tokens
 
 
-def run_controller(step_seconds, acceptance: float, batches: list[int], max_k: int = 3) -> list[int]:
-    """Drive a controller with a synthetic cost model; returns the K it chose per step."""
-    controller = SpeculationController(max_k=max_k)
+def run_planner(step_seconds, acceptance: float, batches: list[int], max_k: int = 3) -> list[int]:
+    """Drive a planner with a synthetic cost model; returns the K it chose per step."""
+    planner = Planner(max_k=max_k)
     chosen = []
     for batch in batches:
-        k = controller.choose(batch)
+        k = planner.choose(batch)
         chosen.append(k)
         accepted = [round(batch * acceptance ** (i + 1)) for i in range(k)]
-        controller.observe(batch, k, step_seconds(batch, k), accepted)
+        planner.observe(batch, k, step_seconds(batch, k), accepted)
     return chosen
 
 
@@ -33,7 +34,7 @@ def test_step_time_model_predicts_unseen_batch_sizes_and_k():
 
 def test_two_parameter_fits_solved_in_closed_form_match_least_squares():
     """The plain and draft fits are solved in closed form; the result is the decayed, ridged least squares."""
-    from specrl.speculation.planner import draft_features, plain_features
+    from specrl.speculation.step_time import draft_features, plain_features
     rng = np.random.default_rng(0)
     for features in (plain_features, draft_features):
         model, rows, times = StepTimeModel(decay=0.9, features=features), [], []
@@ -79,14 +80,14 @@ def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolat
     (0.86x of the plain engine in `bench drafters`). Priced as the bound prices it until a speculative step
     runs there (the verify pass as a plain pass over the same tokens, the drafts at their batch-1 cost scaled
     as a plain step's), batch 8 speculates."""
-    controller = SpeculationController(max_k=3, prior_acceptance=0.9)
+    planner = Planner(max_k=3, prior_acceptance=0.9)
     cost = lambda b, k: 0.001 * (1 + b / 256) * (1 + 0.5 * k)  # noqa: E731  a draft pass: half a plain step
     chosen = {1: [], 8: []}
     for batch in [1] * 200 + [8] * 200:
-        k = controller.choose(batch)
+        k = planner.choose(batch)
         chosen[batch].append(k)
         draft = 0.0005 * (1 + batch / 256) * k
-        controller.observe(batch, k, cost(batch, k), [round(batch * 0.9 ** (i + 1)) for i in range(k)],
+        planner.observe(batch, k, cost(batch, k), [round(batch * 0.9 ** (i + 1)) for i in range(k)],
                            draft_seconds=draft)
     assert chosen[1][-100:].count(3) >= 90  # but for the plain steps that keep the plain fit current
     assert chosen[8][-100:].count(3) >= 90
@@ -97,18 +98,18 @@ def test_a_drain_learned_at_large_batches_speculates_in_its_tail():
     1, where it pays ~1.6x. Explored at ~20 rows first, the draft fit knows its cost there only; priced at the
     tail by that cost scaled as a plain step's (not as flat in B, which kept every drain's tail plain), the
     tail speculates."""
-    controller = SpeculationController(max_k=8, prior_acceptance=0.95)
+    planner = Planner(max_k=8, prior_acceptance=0.95)
     plain = lambda b: 0.018 + 0.002 * b  # noqa: E731
     draft_pass = lambda b: 0.006 + 0.0012 * b  # noqa: E731
     tail = []
     for call in range(6):
-        controller.prefilled()
+        planner.prefilled()
         for batch in [32] * 4 + list(range(32, 0, -1)) + [1] * 8:
-            k = controller.choose(batch)
+            k = planner.choose(batch)
             if call == 5 and batch <= 2:
                 tail.append(k)
             draft = k * draft_pass(batch)
-            controller.observe(batch, k, plain(batch * (1 + k)) + draft, [round(batch * 0.95 ** (i + 1)) for i in range(k)],
+            planner.observe(batch, k, plain(batch * (1 + k)) + draft, [round(batch * 0.95 ** (i + 1)) for i in range(k)],
                                draft_seconds=draft)
     assert sum(k >= 3 for k in tail) >= len(tail) - 2, tail
 
@@ -118,49 +119,49 @@ def test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_through_th
     compute-bound past it. A line through a drain's plain steps, most at 16-32 rows, priced one at 4 rows at
     18 ms against 20 measured, so a GRPO drain decoded plainly at 4-7 rows where k = 3 paid. Priced by the
     plain steps measured at each size, the drain speculates at 2-4 rows (priced by the line: plainly down to 2)."""
-    controller = SpeculationController(max_k=3, prior_acceptance=0.95)
+    planner = Planner(max_k=3, prior_acceptance=0.95)
     plain = lambda b: max(0.020, 0.0025 * b)  # noqa: E731  flat to 8 rows, then compute-bound
     draft_pass = 0.005
     middle = []
     for call in range(8):
-        controller.prefilled()
+        planner.prefilled()
         for batch in [b for b in range(32, 0, -1) for _ in range(3)]:
-            k = controller.choose(batch)
+            k = planner.choose(batch)
             if call == 7 and 2 <= batch <= 4:
                 middle.append(k)
-            controller.observe(batch, k, plain(batch * (1 + k)) + k * draft_pass,
+            planner.observe(batch, k, plain(batch * (1 + k)) + k * draft_pass,
                                [round(batch * 0.95 ** (i + 1)) for i in range(k)], draft_seconds=k * draft_pass)
-    assert abs(controller.plain_seconds(4) / plain(4) - 1) < 0.01
-    assert abs(controller.plain_seconds(24) / plain(24) - 1) < 0.01
+    assert abs(planner.plain_seconds(4) / plain(4) - 1) < 0.01
+    assert abs(planner.plain_seconds(24) / plain(24) - 1) < 0.01
     assert sum(k > 0 for k in middle) >= len(middle) - 2, middle  # k = 2 pays 1.42x at 4 rows
 
 
 def test_the_first_speculative_step_is_not_fitted():
-    """The controller's first speculative step pays one-time costs (on `tiny`, the first in a process: 6.9 ms
+    """The planner's first speculative step pays one-time costs (on `tiny`, the first in a process: 6.9 ms
     against 1.1, its draft 0.48 against 0.33 ms). With a draft whose bound is near plain decoding's, that one
     measurement fitted priced every option out for good: the engine never speculated."""
-    controller = SpeculationController(max_k=3, prior_acceptance=0.95)
+    planner = Planner(max_k=3, prior_acceptance=0.95)
     chosen, drafted = [], False
     for _ in range(300):
-        k = controller.choose(1)
+        k = planner.choose(1)
         chosen.append(k)
         draft = 0.0006 * k * (1 if drafted or not k else 2)  # the first draft costs twice as much
         drafted = drafted or bool(k)
-        controller.observe(1, k, 0.001 + draft, [1] * k, draft_seconds=draft)
+        planner.observe(1, k, 0.001 + draft, [1] * k, draft_seconds=draft)
     assert chosen[-100:].count(3) >= 90
 
 
 def test_memory_bound_verification_with_good_drafts_uses_the_largest_k():
     # verifying k+1 tokens costs about one token's time; drafts are cheap and often right
-    chosen = run_controller(lambda b, k: 0.05 + 0.002 * k, acceptance=0.8, batches=[4] * 30)
+    chosen = run_planner(lambda b, k: 0.05 + 0.002 * k, acceptance=0.8, batches=[4] * 30)
     assert chosen[-10:] == [3] * 10
 
 
 def test_compute_bound_verification_switches_speculation_off():
     # every verified token costs as much as a decoded one: speculation cannot pay at 50% acceptance
-    chosen = run_controller(lambda b, k: 0.001 * b * (k + 1), acceptance=0.5, batches=list(range(63, 31, -1)))
+    chosen = run_planner(lambda b, k: 0.001 * b * (k + 1), acceptance=0.5, batches=list(range(63, 31, -1)))
     # one power-of-two range: the only speculative steps are the exploratory ones: after k = 0 twice, k = 1
-    # (the cheapest draft; twice, as the controller's first speculative step is not fitted), 2, and k = 3 twice
+    # (the cheapest draft; twice, as the planner's first speculative step is not fitted), 2, and k = 3 twice
     assert chosen[:7] == [0, 0, 1, 1, 2, 3, 3] and set(chosen[7:37]) == {0}
 
 
@@ -168,7 +169,7 @@ def test_draining_batch_turns_speculation_on_once_it_pays():
     # per-token cost grows with the batch: speculation pays only at small batches
     cost = lambda b, k: 0.02 + 0.0005 * b * (k + 1)  # noqa: E731
     batches = list(range(128, 0, -1))
-    chosen = run_controller(cost, acceptance=0.7, batches=batches)
+    chosen = run_planner(cost, acceptance=0.7, batches=batches)
     assert chosen[:7] == [0, 0, 1, 1, 2, 3, 3]  # exploration, once for the whole drain: k = 0 twice, 1 twice (the
     assert chosen[11] == 0  # first speculative step is not fitted), 2, 3 twice
     # below 12 rows every step speculates with k = 3, but for the plain step that measures each new
@@ -179,16 +180,16 @@ def test_draining_batch_turns_speculation_on_once_it_pays():
 
 
 def test_a_draft_that_gets_better_is_noticed_while_speculation_is_off():
-    controller = SpeculationController(max_k=3)
+    planner = Planner(max_k=3)
     cost = lambda b, k: 0.02 + 0.0005 * b * (k + 1)  # noqa: E731
     acceptance = 0.0  # useless at first ...
     chosen = []
     for step in range(200):
         if step == 60:
             acceptance = 0.95  # ... then excellent (e.g. adapted online)
-        k = controller.choose(8)
+        k = planner.choose(8)
         chosen.append(k)
-        controller.observe(8, k, cost(8, k), [round(8 * acceptance ** (i + 1)) for i in range(k)])
+        planner.observe(8, k, cost(8, k), [round(8 * acceptance ** (i + 1)) for i in range(k)])
     assert set(chosen[20:60]) <= {0, 3} and chosen[20:60].count(3) <= 2  # one refresh after 32 steps off
     # the first refresh after the change (within the doubled wait, 64 steps) turns speculation on for good,
     # but for two plain steps after every 32 speculative ones (they keep the plain-step fit current; the
@@ -202,15 +203,15 @@ def test_refreshes_of_a_draft_that_never_pays_grow_rarer():
     """Verification is memory-bound, so a good draft would pay, but this one is rarely accepted:
     speculation never pays. After exploration, the refreshes come after 32, 64, 128, ... steps off (at
     most refresh_max), not every 32: 6 speculative steps in 3000 instead of ~90."""
-    controller = SpeculationController(max_k=3)
+    planner = Planner(max_k=3)
     chosen = []
     for _ in range(3000):
-        k = controller.choose(8)
+        k = planner.choose(8)
         chosen.append(k)
-        controller.observe(8, k, 0.008 + 0.002 * k, [round(8 * 0.1 ** (i + 1)) for i in range(k)])
+        planner.observe(8, k, 0.008 + 0.002 * k, [round(8 * 0.1 ** (i + 1)) for i in range(k)])
     refreshes = [i for i, k in enumerate(chosen) if k and i >= 7]  # after exploration
     gaps = [b - a for a, b in zip(refreshes, refreshes[1:])]
-    assert gaps == [min(32 * 2 ** i, controller.refresh_max) + 1 for i in range(1, len(gaps) + 1)]
+    assert gaps == [min(32 * 2 ** i, planner.refresh_max) + 1 for i in range(1, len(gaps) + 1)]
     assert len(refreshes) == 6
 
 
@@ -218,16 +219,16 @@ def test_one_slow_draft_pass_does_not_bar_refreshes_for_good():
     """`tiny` at batch 1: a k = 4 step's drafts took 3.8 ms (1.0 usual) once. Fitted, that priced every option
     out, and refreshes, priced by the same fit, never ran to correct it. A refresh prices its drafts at the
     cheapest pass measured, so it runs, and its measurement brings speculation back."""
-    controller = SpeculationController(max_k=4, prior_acceptance=0.95)
+    planner = Planner(max_k=4, prior_acceptance=0.95)
     draft = lambda k, slow=False: k * (0.001 if slow else 0.00025)  # noqa: E731
     verify = 0.0006
     chosen, slowed = [], False
     for step in range(300):
-        k = controller.choose(1)
+        k = planner.choose(1)
         chosen.append(k)
         slow = k == 4 and not slowed  # the first k = 4 step: one slow pass
         slowed |= slow
-        controller.observe(1, k, verify + draft(k, slow) if k else 0.0006, [1] * k, draft_seconds=draft(k, slow))
+        planner.observe(1, k, verify + draft(k, slow) if k else 0.0006, [1] * k, draft_seconds=draft(k, slow))
     off = chosen.index(4) + 1
     assert chosen[off:off + 10] == [0] * 10  # priced out by the slow pass
     assert sum(1 for k in chosen[-100:] if k) >= 50  # speculating again
@@ -240,13 +241,13 @@ def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_
     batch size or in a drain through two batch ranges: at the new size the draft is priced at its cost at the
     first, scaled as a plain step's (the fit's extrapolation priced it wrong there, and a refresh ran)."""
     for batches in ([8] * 3000, [12] * 1500 + [6] * 1500):
-        controller = SpeculationController(max_k=3)
+        planner = Planner(max_k=3)
         chosen = []
         for batch in batches:
-            k = controller.choose(batch)
+            k = planner.choose(batch)
             chosen.append(k)
             draft = 0.010 * k
-            controller.observe(batch, k, 0.008 * (1 + batch / 64) * (k + 1) + draft, [batch] * k, draft_seconds=draft)
+            planner.observe(batch, k, 0.008 * (1 + batch / 64) * (k + 1) + draft, [batch] * k, draft_seconds=draft)
         assert chosen[:6] == [0, 0, 1, 1, 0, 0] and set(chosen[6:]) <= {0, 3}, batches[-1]
         assert chosen[6:].count(3) == 0, batches[-1]
 
@@ -256,30 +257,30 @@ def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():
     a line through k = 0 and k = 3 (even through all four) prices k = 1 at ~57 ms and keeps
     speculation off; its own measured offset shows it pays (tokens/s: k=0 23.3, k=1 27.7)."""
     cost = {0: 0.043, 1: 0.045, 2: 0.080, 3: 0.090}  # seconds per step at one batch size
-    chosen = run_controller(lambda b, k: cost[k] + 0.002 * k, acceptance=0.3, batches=[10] * 40)
+    chosen = run_planner(lambda b, k: cost[k] + 0.002 * k, acceptance=0.3, batches=[10] * 40)
     assert chosen[-10:].count(1) >= 8 and set(chosen[-10:]) <= {0, 1}  # two plain steps after 32 speculative ones
 
 
 def test_reported_proposer_time_is_modelled_apart_from_verification():
     """Verification is memory-bound (flat in k); the proposer's reported time grows with k and B.
-    The controller must pick a k within its `min_gain` margin of the best tokens per second under the
+    The planner must pick a k within its `min_gain` margin of the best tokens per second under the
     true costs (k = 2..3 at batch 2; k = 0..1 at batch 32, where drafting barely pays)."""
     verify = lambda b, k: 0.03 + 0.0002 * b * (k + 1)  # noqa: E731
     draft = lambda b, k: k * (0.005 + 0.0004 * b)  # noqa: E731
     acceptance = 0.7
     for batch in (2, 32):
-        controller = SpeculationController(max_k=4)
+        planner = Planner(max_k=4)
         choices = []  # the priced choices: not refreshes
         for step in range(40):
-            k = controller.choose(batch)
-            if controller.last.reason != "refresh":
+            k = planner.choose(batch)
+            if planner.last.reason != "refresh":
                 choices.append(k)
-            controller.observe(batch, k, verify(batch, k) + draft(batch, k),
+            planner.observe(batch, k, verify(batch, k) + draft(batch, k),
                                [round(batch * acceptance ** (i + 1)) for i in range(k)], draft_seconds=draft(batch, k))
         fed = [round(batch * acceptance ** (i + 1)) / batch for i in range(4)]  # the acceptance the counts carry
         rate = [expected_tokens(k, fed[:k]) / (verify(batch, k) + draft(batch, k)) for k in range(5)]
-        assert rate[choices[-1]] >= max(rate) / controller.min_gain
-        assert abs(controller.draft_times.predict(batch, 3) - draft(batch, 3)) < 1e-4
+        assert rate[choices[-1]] >= max(rate) / planner.min_gain
+        assert abs(planner.draft_times.predict(batch, 3) - draft(batch, 3)) < 1e-4
 
 
 def test_trees_are_chosen_where_they_pay_and_only_at_small_batches():
@@ -291,12 +292,12 @@ def test_trees_are_chosen_where_they_pay_and_only_at_small_batches():
         return [round(batch * first * 0.8 ** i) for i in range(k)]
     cost = lambda b, k, w: 0.03 + 0.0005 * b * (1 + w * k)  # noqa: E731
     for batch, want_tree in ((1, True), (16, False)):
-        controller = SpeculationController(max_k=3, max_width=2)
+        planner = Planner(max_k=3, max_width=2)
         chosen = []
         for _ in range(60):
-            k, width, _ = controller.choose_step(batch)
+            k, width, _ = planner.choose_step(batch)
             chosen.append((k, width))
-            controller.observe(batch, k, cost(batch, k, width), accepted(batch, k, width), width=width)
+            planner.observe(batch, k, cost(batch, k, width), accepted(batch, k, width), width=width)
         widths = {w for _, w in chosen[-10:]}
         assert widths == ({2} if want_tree else {1}), chosen[-10:]
         if not want_tree:
@@ -304,12 +305,12 @@ def test_trees_are_chosen_where_they_pay_and_only_at_small_batches():
 
 
 def test_a_predicted_gain_below_min_gain_keeps_speculation_off():
-    """k = 1 is predicted 3% faster than plain decoding: within the models' error, so the controller
+    """k = 1 is predicted 3% faster than plain decoding: within the models' error, so the planner
     decodes plainly (a wrong guess there cost 16% at batch 4 on SmolLM2); at 10% it speculates."""
     for gain, expected in ((1.03, 0), (1.10, 1)):
         acceptance = 0.5  # tau(1) = 1.5
         cost = {0: 0.040, 1: 0.060 / gain}  # rate(1) / rate(0) = 1.5 * 0.040 / (0.060 / gain) = gain
-        chosen = run_controller(lambda b, k: cost[k], acceptance=acceptance, batches=[4] * 32, max_k=1)
+        chosen = run_planner(lambda b, k: cost[k], acceptance=acceptance, batches=[4] * 32, max_k=1)
         assert chosen[-8:] == [expected] * 8  # once the acceptance average has left its prior (0.7)
 
 
@@ -329,7 +330,7 @@ def test_acceptance_is_estimated_per_position_given_the_positions_before():
 
 
 def test_a_position_not_drafted_lately_borrows_the_estimate_of_the_one_before():
-    """A draft accepted 0.96 at the positions a K = 3 controller drafts: the positions past 3, never drafted,
+    """A draft accepted 0.96 at the positions a K = 3 planner drafts: the positions past 3, never drafted,
     are priced near 0.96 too, not at the fixed prior (0.7), so longer chains get tried; a deeper position that
     is drafted and rejected falls to its counts."""
     from specrl.speculation.acceptance import AcceptanceEstimate
@@ -347,35 +348,35 @@ def test_a_position_not_drafted_lately_borrows_the_estimate_of_the_one_before():
 
 def test_acceptance_is_kept_apart_per_sampling_setting():
     """A greedy call's acceptance (every draft taken) does not carry into a temperature-1 call, whose
-    drafts are mostly rejected: the controller returns to plain decoding there without waiting for the
+    drafts are mostly rejected: the planner returns to plain decoding there without waiting for the
     greedy estimate to decay, and finds the greedy estimate intact when greedy calls come back."""
     cost = lambda b, k: 0.040 + 0.012 * k  # noqa: E731  tau(3) = 4 pays at once; 1.2 does not
-    controller = SpeculationController(max_k=3)
+    planner = Planner(max_k=3)
     saved = {}
     for setting, acceptance in (("greedy", 1.0), ("temperature 1", 0.2), ("greedy", 1.0)):
-        controller.use_sampling(setting)
-        assert controller.acceptance[1].prefix == saved.get(setting, list(np.cumprod([0.7] * 3)))
+        planner.use_sampling(setting)
+        assert planner.acceptance[1].prefix == saved.get(setting, list(np.cumprod([0.7] * 3)))
         chosen = []
         for _ in range(13):
-            k = controller.choose(4)
+            k = planner.choose(4)
             chosen.append(k)
-            controller.observe(4, k, cost(4, k), [round(4 * acceptance ** (i + 1)) for i in range(k)])
+            planner.observe(4, k, cost(4, k), [round(4 * acceptance ** (i + 1)) for i in range(k)])
         assert chosen[-6:] == ([3] * 6 if acceptance == 1.0 else [0] * 6), (setting, chosen)
-        saved[setting] = controller.acceptance[1].prefix
+        saved[setting] = planner.acceptance[1].prefix
 
 
 def test_tokens_past_a_rows_stop_are_not_counted():
     """Rows that stop after ~1 token in 8 keep fewer of a chain's tokens: tau(k) with i.i.d. acceptance a
     and the chance g that a kept token is not the row's last is (1 - (a g)^(k+1)) / (1 - a g)."""
-    controller = SpeculationController(max_k=4, prior_rows=0.0)
+    planner = Planner(max_k=4, prior_rows=0.0)
     a, g = 0.9, 1 - 1 / 8
-    controller.observe(8, 4, 0.01, [round(8 * a ** (i + 1)) for i in range(4)])
+    planner.observe(8, 4, 0.01, [round(8 * a ** (i + 1)) for i in range(4)])
     for _ in range(200):
-        controller.observe(8, 0, 0.001, [], kept_tokens=8, stopped_rows=1)
-    prefix = controller.acceptance[1].prefix
-    assert abs(controller.expected(4) - (1 + sum(p * g ** (i + 1) for i, p in enumerate(prefix)))) < 1e-9
+        planner.observe(8, 0, 0.001, [], kept_tokens=8, stopped_rows=1)
+    prefix = planner.acceptance[1].prefix
+    assert abs(planner.expected(4) - (1 + sum(p * g ** (i + 1) for i, p in enumerate(prefix)))) < 1e-9
     acceptance = prefix[0]  # one observation: the estimate is the observed share, i.i.d. within rounding
-    assert abs(controller.expected(1) - (1 - (acceptance * g) ** 2) / (1 - acceptance * g)) < 1e-9
+    assert abs(planner.expected(1) - (1 - (acceptance * g) ** 2) / (1 - acceptance * g)) < 1e-9
 
 
 def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
@@ -383,102 +384,102 @@ def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
     decoding wins there, where the one stop rate (1 in 10) would draft; mid-answer it drafts. Plain chosen
     only for where the rows are sets no hold: the next call's rows start at 0."""
     cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
-    controller = SpeculationController(max_k=4, prior_acceptance=0.95)
+    planner = Planner(max_k=4, prior_acceptance=0.95)
     for _ in range(40):
-        k = controller.choose(1)
-        controller.observe(1, k, cost(1, k), [1] * k, kept_tokens=10, stopped_rows=1)
-    controller.retired([10] * 50, [True] * 50)
-    assert controller.choose_step(1, generated=[0])[0] == 4
-    assert controller.choose_step(1)[0] == 4  # the one rate: drafts
-    assert controller.choose_step(1, generated=[9])[0] == 0
-    assert not controller._plain_holds
-    assert controller.choose_step(1, generated=[3])[0] == 4
+        k = planner.choose(1)
+        planner.observe(1, k, cost(1, k), [1] * k, kept_tokens=10, stopped_rows=1)
+    planner.retired([10] * 50, [True] * 50)
+    assert planner.choose_step(1, generated=[0])[0] == 4
+    assert planner.choose_step(1)[0] == 4  # the one rate: drafts
+    assert planner.choose_step(1, generated=[9])[0] == 0
+    assert not planner._plain_holds
+    assert planner.choose_step(1, generated=[3])[0] == 4
 
 
 def test_no_step_drafts_past_the_room_rows_have_left():
     cost = lambda b, k: 0.05 + 0.002 * k  # noqa: E731  (memory-bound: long chains pay)
-    controller = SpeculationController(max_k=4)
+    planner = Planner(max_k=4)
     for _ in range(30):
-        k = controller.choose(2)
-        controller.observe(2, k, cost(2, k), [2] * k)
-    assert controller.choose_step(2)[0] == 4
-    assert [controller.choose_step(2, room)[0] for room in (5, 4, 3, 2, 1)] == [4, 3, 2, 1, 0]
+        k = planner.choose(2)
+        planner.observe(2, k, cost(2, k), [2] * k)
+    assert planner.choose_step(2)[0] == 4
+    assert [planner.choose_step(2, room)[0] for room in (5, 4, 3, 2, 1)] == [4, 3, 2, 1, 0]
 
 
 def test_plain_decoding_is_priced_from_plain_steps_and_kept_current():
     """A first plain step slowed by a cold start (3x) made plain decoding look dear, so k = 1, in truth
     slower, looked faster. Plain steps are fitted apart, and a plain step after every 32 speculative ones
     corrects the fit: speculation turns off."""
-    controller = SpeculationController(max_k=2, prior_acceptance=0.95)
+    planner = Planner(max_k=2, prior_acceptance=0.95)
     plain = lambda b: 0.001 * (1 + b / 64)  # noqa: E731
     cost = lambda b, k: plain(b) * (1 + 1.3 * k) if k else plain(b)  # noqa: E731  tau(1) <= 2 < 2.3
     chosen = []
     for step in range(300):
-        k = controller.choose(32)
+        k = planner.choose(32)
         seconds = 3 * cost(32, 0) if k == 0 and 0 not in chosen else cost(32, k)
         chosen.append(k)
-        controller.observe(32, k, seconds, [32] * k)
+        planner.observe(32, k, seconds, [32] * k)
     assert chosen.index(0) < 5 and chosen[-100:].count(0) >= 97  # plain, but for the refreshes (after 32, 64 off)
 
 
 def test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step():
     """Pricing costs ~60 us per step with cold caches (after a model pass), ~10% of a plain `tiny` step."""
-    controller = SpeculationController(max_k=3)
+    planner = Planner(max_k=3)
     cost = lambda b, k: 0.001 * b * (k + 1)  # noqa: E731  compute-bound: speculation never pays
     for _ in range(20):
-        k = controller.choose(16)
-        controller.observe(16, k, cost(16, k), [8] * k)
+        k = planner.choose(16)
+        planner.observe(16, k, cost(16, k), [8] * k)
     priced = set()  # the steps that predicted any cost
-    predict = controller.verify_times.predict
-    controller.verify_times.predict = lambda *a: priced.add(len(chosen)) or predict(*a)
+    predict = planner.verify_times.predict
+    planner.verify_times.predict = lambda *a: priced.add(len(chosen)) or predict(*a)
     chosen = []
     for _ in range(64):
-        chosen.append(controller.choose(16))
-        controller.observe(16, chosen[-1], cost(16, chosen[-1]), [8] * chosen[-1])
+        chosen.append(planner.choose(16))
+        planner.observe(16, chosen[-1], cost(16, chosen[-1]), [8] * chosen[-1])
     assert set(chosen) <= {0, 3} and chosen.count(3) <= 1  # plain, but for a refresh
-    assert len(priced) <= 64 // controller.reprice_every + 1
+    assert len(priced) <= 64 // planner.reprice_every + 1
 
 
 def test_the_first_step_after_a_prefill_is_not_fitted():
     """The first step after a prefill (each call's here) runs on caches the prefill left cold (on `tiny` at
     batch 64, 1.6 against 1.1 ms); fitted, it priced plain decoding dear and turned on a k = 1 that lost."""
-    controller = SpeculationController(max_k=2, prior_acceptance=0.95)
+    planner = Planner(max_k=2, prior_acceptance=0.95)
     plain = lambda b: 0.001 * (1 + b / 64)  # noqa: E731
     cost = lambda b, k: plain(b) * (1 + 1.3 * k) if k else plain(b)  # noqa: E731  tau(1) <= 2 < 2.3
     chosen = []
     for call in range(30):
-        controller.prefilled()
+        planner.prefilled()
         for step in range(10):
-            k = controller.choose(32)
+            k = planner.choose(32)
             chosen.append(k)
-            controller.observe(32, k, cost(32, k) * (3 if step == 0 else 1), [32] * k)
-    assert abs(controller.plain_times.predict(32, 0) / plain(32) - 1) < 0.01
+            planner.observe(32, k, cost(32, k) * (3 if step == 0 else 1), [32] * k)
+    assert abs(planner.plain_times.predict(32, 0) / plain(32) - 1) < 0.01
     assert chosen[-200:].count(0) >= 197  # plain, but for the refreshes
 
 
 def test_every_choice_says_why_and_the_reasons_follow_the_rules():
     """`choose_step` returns (k, width, reason); over a compute-bound drain the reasons run: explore (each
     option once), priced-plain, then held for reprice_every - 1 steps, priced-plain again, and a refresh
-    after refresh_every plain steps. A fixed controller, one without drafts and a row with no room say so."""
+    after refresh_every plain steps. A fixed planner, one without drafts and a row with no room say so."""
     from specrl.speculation.planner import REASONS
 
-    controller = SpeculationController(max_k=3)
+    planner = Planner(max_k=3)
     cost = lambda b, k: 0.001 * b * (k + 1)  # noqa: E731  compute-bound: speculation never pays
     reasons = []
     for _ in range(80):
-        plan = controller.choose_step(16)
+        plan = planner.choose_step(16)
         assert plan.reason in REASONS
         assert plan.k == 0 or plan.reason in ("explore", "refresh", "priced")
         reasons.append(plan.reason)
-        controller.observe(16, plan.k, cost(16, plan.k), [8] * plan.k)
+        planner.observe(16, plan.k, cost(16, plan.k), [8] * plan.k)
     first_priced = reasons.index("priced-plain")
     assert set(reasons[:first_priced]) == {"explore"}
-    hold = controller.reprice_every - 1
+    hold = planner.reprice_every - 1
     assert reasons[first_priced + 1:first_priced + 1 + hold] == ["held"] * hold
     assert reasons[first_priced + 1 + hold] == "priced-plain" and "refresh" in reasons
-    assert SpeculationController(max_k=3, adaptive=False, fixed_width=1).choose_step(4) == (3, 1, "fixed")
-    assert SpeculationController(max_k=0).choose_step(4) == (0, 1, "off")
-    assert SpeculationController(max_k=3).choose_step(4, room=1) == (0, 1, "no-room")
+    assert Planner(max_k=3, adaptive=False, fixed_width=1).choose_step(4) == (3, 1, "fixed")
+    assert Planner(max_k=0).choose_step(4) == (0, 1, "off")
+    assert Planner(max_k=3).choose_step(4, room=1) == (0, 1, "no-room")
 
 
 def test_the_engine_counts_its_steps_by_the_planners_reason():
@@ -489,3 +490,17 @@ def test_the_engine_counts_its_steps_by_the_planners_reason():
     engine = make_backend(BackendConfig(model="tiny", proposer="ngram"))
     result = engine.generate(["Q:12+34\nA:"] * 4, SamplingParams(n=2, max_tokens=12, seed=0))
     assert sum(result.plan_reasons.values()) == result.steps and set(result.plan_reasons) <= set(REASONS)
+
+
+def test_every_rule_in_the_planners_docstring_names_a_test_that_exists():
+    import re
+
+    from specrl.speculation import planner
+
+    tests = {name for name in globals() if name.startswith("test_")}
+    named = re.findall(r"`(\.\.\.)?(test_\w+?|_\w+?)(\.\.\.)?`", planner.__doc__)
+    named = [(before, name, after) for before, name, after in named if name.startswith("test_") or before]
+    assert len(named) >= 13
+    for before, name, after in named:
+        matches = [t for t in tests if (t.endswith(name) if before else t.startswith(name) if after else t == name)]
+        assert matches, f"the planner's docstring names `{before}{name}{after}`, which no test in this file matches"
