@@ -9,6 +9,9 @@ A config is a frozen dataclass whose `__post_init__` calls `check_fields(self)`:
 Intervals are written as in mathematics: "[1, inf)" means >= 1, "(0, 1]" means > 0 and <= 1.
 An error names the field as users write it (`SECTION.field`, e.g. `rollout.top_p`), the
 rule and the value. Checks that relate two fields stay in the class's own `__post_init__`.
+
+`build(cls, data)` makes a config from a mapping (a run's presets, JSON file and `key=value` overrides,
+`parse_overrides`; a bench's flags), naming an unknown key or a value of the wrong type.
 """
 from __future__ import annotations
 
@@ -37,13 +40,10 @@ def within(default, interval: str, alias: str = ""):
 
 def choices(cls, name: str) -> tuple:
     """The Literal values a config field accepts (for CLI `choices=`)."""
-    hint = typing.get_type_hints(cls)[name]
-    options = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) is typing.Literal:
-        return typing.get_args(hint)
-    if len(options) == 1 and typing.get_origin(options[0]) is typing.Literal:
-        return typing.get_args(options[0])
-    raise TypeError(f"{cls.__name__}.{name} is not a Literal field")
+    allowed = literal_choices(typing.get_type_hints(cls)[name])
+    if allowed is None:
+        raise TypeError(f"{cls.__name__}.{name} is not a Literal field")
+    return allowed
 
 
 def literal_choices(hint) -> tuple | None:
