@@ -19,7 +19,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
  6. In a power-of-two range of B where no speculative step ran, a verify is priced as a plain step over as
     many tokens. `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
-    what could pay if every draft were kept (`_could_pay`); k = 1 again in each new range of B, its drafts free.
+    what could pay if every draft were kept (`_could_pay`); k = 1 again in each range of B below those drafted.
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed`,
     `test_a_draft_whose_pass_is_cheap_only_at_few_rows_is_measured_there_before_being_priced_out`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
@@ -151,23 +151,26 @@ class Planner:
 
     def _unexplored(self, option: tuple[int, int], batch: int) -> bool:
         """An option is explored until it has run min_samples steps (k = 0 and k = max_k) or one (the others).
-        k = 0 also runs once in each new power-of-two range of B (it anchors the range's cost), and once a draft
-        has run, k = 1 too where it could pay with its drafts free (`_choose`): a draft's pass is measured in a
-        range before its cost there is scaled from another range's (`_unfitted_seconds`)."""
+        k = 0 also runs once in each new power-of-two range of B (it anchors the range's cost), and k = 1 in each
+        range below those where a draft ran, where it could pay with its drafts free (`_choose`): toward few rows
+        a draft's pass can get cheaper than a plain step, so its cost scaled down from more rows
+        (`_unfitted_seconds`) can price it out where it pays."""
         seen = self.samples[option]
         if option not in self._explored:
             if sum(seen.values()) < (self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1):
                 return True
             self._explored.add(option)  # counts only grow: explored for good
-        return not seen[batch.bit_length()] and (option == (0, 1) or option == (1, 1) and self._drafted)
+        return not seen[batch.bit_length()] and (option == (0, 1) or option == (1, 1) and self._below_drafts(batch))
+
+    def _below_drafts(self, batch: int) -> bool:
+        return bool(self._drafted_ranges) and batch.bit_length() < min(self._drafted_ranges)  # below every draft
 
     def _could_pay(self, option: tuple[int, int], batch: int, pass_seconds: float | None = None) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
         accepted, priced from what was measured directly (`_unfitted_seconds`), not by the verify fit's
         extrapolation to an option not yet run; true until plain steps were fitted. `pass_seconds`: its drafts
-        at that much a pass where it is less (a refresh, which re-measures the draft's cost too: the cheapest
-        pass measured in this batch range, so that one slow pass cannot bar every refresh for good; a range's
-        first k = 1: 0, a draft's cost not measured there)."""
+        at that much a pass where less (a refresh: the cheapest pass measured in this range, so that one slow
+        pass cannot bar every refresh for good; a range's first k = 1: 0, not measured there)."""
         if not self.plain_times.fitted:
             return True
         k, width = option
@@ -234,8 +237,7 @@ class Planner:
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             return StepPlan(*refresh, "refresh")
         here = batch.bit_length()
-        if len(self._explored) < len(self.options) or not self.samples[0, 1][here] \
-                or self._drafted and not self.samples[1, 1][here]:
+        if len(self._explored) < len(self.options) or not self.samples[0, 1][here] or self._below_drafts(batch):
             allowed = self._allowed_options(batch, room)
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
