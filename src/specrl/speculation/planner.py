@@ -19,9 +19,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
  6. In a power-of-two range of B where no speculative step ran, a verify is priced as a plain step over as
     many tokens. `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
-    what could pay if every draft were kept (`_could_pay`); k = 1 again in each range of B below those drafted.
-    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed`,
-    `test_a_draft_whose_pass_is_cheap_only_at_few_rows_is_measured_there_before_being_priced_out`
+    what could pay if every draft were kept (`_could_pay`).
+    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
  9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
@@ -150,43 +149,44 @@ class Planner:
         return max(self.max_width, self.fixed_width)
 
     def _unexplored(self, option: tuple[int, int], batch: int) -> bool:
-        """An option is explored until it has run min_samples steps (k = 0 and k = max_k) or one (the others).
-        k = 0 also runs once in each new power-of-two range of B (it anchors the range's cost), and k = 1 in each
-        range below those where a draft ran, where it could pay with its drafts free (`_choose`): toward few rows
-        a draft's pass can get cheaper than a plain step, so its cost scaled down from more rows
-        (`_unfitted_seconds`) can price it out where it pays."""
+        """An option is explored until it has run `needed` steps in all (min_samples for k = 0 and
+        k = max_k, one for the others): the fitted models carry its cost to other batch ranges, and every
+        step run there corrects them. k = 0 also runs once in each new power-of-two range of the drain
+        (a plain step costs no more than plain decoding, and it anchors the range's cost)."""
         seen = self.samples[option]
         if option not in self._explored:
             if sum(seen.values()) < (self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1):
                 return True
             self._explored.add(option)  # counts only grow: explored for good
-        return not seen[batch.bit_length()] and (option == (0, 1) or option == (1, 1) and self._below_drafts(batch))
+        return option == (0, 1) and not seen[batch.bit_length()]
 
-    def _below_drafts(self, batch: int) -> bool:
-        return bool(self._drafted_ranges) and batch.bit_length() < min(self._drafted_ranges)  # below every draft
-
-    def _could_pay(self, option: tuple[int, int], batch: int, pass_seconds: float | None = None) -> bool:
+    def _could_pay(self, option: tuple[int, int], batch: int, cheapest_drafts: bool = False) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
         accepted, priced from what was measured directly (`_unfitted_seconds`), not by the verify fit's
-        extrapolation to an option not yet run; true until plain steps were fitted. `pass_seconds`: its drafts
-        at that much a pass where less (a refresh: the cheapest pass measured in this range, so that one slow
-        pass cannot bar every refresh for good; a range's first k = 1: 0, not measured there)."""
+        extrapolation to an option not yet run; true until plain steps were fitted. `cheapest_drafts` (a
+        refresh, which re-measures the draft's cost too): its drafts at the cheapest pass measured in this
+        batch range, so that one slow pass cannot bar every refresh for good."""
         if not self.plain_times.fitted:
             return True
         k, width = option
         seconds = self._unfitted_seconds(batch, [option])[0]
-        if pass_seconds is not None:
-            seconds = min(seconds, self._unfitted_seconds(batch, [option], drafts=False)[0] + k * width * pass_seconds)
+        cheapest = self._cheapest_pass.get(batch.bit_length()) if cheapest_drafts else None
+        if cheapest is not None:
+            seconds = min(seconds, self._unfitted_seconds(batch, [option], drafts=False)[0] + k * width * cheapest)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_seconds(batch), 1e-9)
 
     def _unfitted_seconds(self, batch: int, options: list[tuple[int, int]], drafts: bool = True) -> list[float]:
-        """Speculative options' step times from what was measured directly, not the fits' slopes in B:
-            verify  a plain step over B (1 + w k) rows once plain steps in two ranges of B pin the plain fit's
-                    slope; before that one plain step over B, which it costs at least;
-            drafts  the draft fit's price where a speculative step was fitted in this batch's range, else at
-                    the nearest batch size fitted, scaled as a plain step's cost scales (drafts=False: none)."""
+        """Speculative options' step times from what was measured directly, where the fitted models' slopes
+        in B would be extrapolated (module docstring):
+            verify  a plain step over as many tokens, B (1 + w k) rows, once plain steps in two batch
+                    ranges pin the plain fit's slope; before that one plain step over B, which it costs
+                    at least;
+            drafts  the draft fit's price where a speculative step was fitted in this batch's range;
+                    elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost
+                    scales between the two (a draft pass is a forward pass over as many rows);
+                    left out with drafts=False."""
         pinned = len(self.samples[0, 1]) > 1
         verify = [self.plain_seconds(batch * (1 + width * k) if pinned else batch) for k, width in options]
         if not drafts:
@@ -215,9 +215,11 @@ class Planner:
         return w == 1 or batch * (1 + w * k) <= self.max_tree_rows
 
     def choose_step(self, batch: int, room: int | None = None, generated=None) -> StepPlan:
-        """The plan of a step over `batch` rows, also kept as `last` for `observe`. `room`: the most tokens any
-        live row may still emit; no step drafts past it. `generated`: the tokens each live row has generated
-        (read only where the step is priced), so that each row's chance to stop is its own."""
+        """(k, width) for a step over `batch` rows; width 1 is a chain, k = 0 plain decoding. `room`: the
+        most tokens any live row may still emit (max_tokens less what it has); no step drafts past it.
+        `generated`: the tokens each live row has generated (a tensor or list; read only where the step is
+        priced), so that each row's chance to stop is its own (module docstring); without it, the one rate.
+        The plan is also kept as `last`, which `observe` reads."""
         self.last = self._choose(batch, room, generated)
         return self.last
 
@@ -233,17 +235,15 @@ class Planner:
             return StepPlan(0, 1, "held")
         refresh = min(self.max_k, self.refresh_k), 1
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
-                and self._could_pay(refresh, batch, self._cheapest_pass.get(batch.bit_length())):
+                and self._could_pay(refresh, batch, cheapest_drafts=True):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             return StepPlan(*refresh, "refresh")
-        here = batch.bit_length()
-        if len(self._explored) < len(self.options) or not self.samples[0, 1][here] or self._below_drafts(batch):
+        if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
             allowed = self._allowed_options(batch, room)
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
-                free = 0.0 if option in self._explored else None  # a range's first k = 1 (`_unexplored`)
-                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, free)):
+                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)):
                     return StepPlan(*option, "explore")
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
