@@ -88,7 +88,7 @@ def test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolat
         chosen[batch].append(k)
         draft = 0.0005 * (1 + batch / 256) * k
         planner.observe(batch, k, cost(batch, k), [round(batch * 0.9 ** (i + 1)) for i in range(k)],
-                           draft_seconds=draft)
+                        draft_seconds=draft)
     assert chosen[1][-100:].count(3) >= 90  # but for the plain steps that keep the plain fit current
     assert chosen[8][-100:].count(3) >= 90
 
@@ -110,7 +110,7 @@ def test_a_drain_learned_at_large_batches_speculates_in_its_tail():
                 tail.append(k)
             draft = k * draft_pass(batch)
             planner.observe(batch, k, plain(batch * (1 + k)) + draft, [round(batch * 0.95 ** (i + 1)) for i in range(k)],
-                               draft_seconds=draft)
+                            draft_seconds=draft)
     assert sum(k >= 3 for k in tail) >= len(tail) - 2, tail
 
 
@@ -130,7 +130,7 @@ def test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_through_th
             if call == 7 and 2 <= batch <= 4:
                 middle.append(k)
             planner.observe(batch, k, plain(batch * (1 + k)) + k * draft_pass,
-                               [round(batch * 0.95 ** (i + 1)) for i in range(k)], draft_seconds=k * draft_pass)
+                            [round(batch * 0.95 ** (i + 1)) for i in range(k)], draft_seconds=k * draft_pass)
     assert abs(planner.plain_seconds(4) / plain(4) - 1) < 0.01
     assert abs(planner.plain_seconds(24) / plain(24) - 1) < 0.01
     assert sum(k > 0 for k in middle) >= len(middle) - 2, middle  # k = 2 pays 1.42x at 4 rows
@@ -276,7 +276,7 @@ def test_reported_proposer_time_is_modelled_apart_from_verification():
             if planner.last.reason != "refresh":
                 choices.append(k)
             planner.observe(batch, k, verify(batch, k) + draft(batch, k),
-                               [round(batch * acceptance ** (i + 1)) for i in range(k)], draft_seconds=draft(batch, k))
+                            [round(batch * acceptance ** (i + 1)) for i in range(k)], draft_seconds=draft(batch, k))
         fed = [round(batch * acceptance ** (i + 1)) / batch for i in range(4)]  # the acceptance the counts carry
         rate = [expected_tokens(k, fed[:k]) / (verify(batch, k) + draft(batch, k)) for k in range(5)]
         assert rate[choices[-1]] >= max(rate) / planner.min_gain

@@ -147,8 +147,8 @@ class RolloutEngine:
             raise ValueError(f"fixed_tree_width {config.fixed_tree_width}: the {proposer.name if proposer else 'absent'} "
                              f"proposer drafts trees of width <= {widest}")
         self.planner = Planner(max_k=max_k, adaptive=config.adaptive,
-                                                max_width=min(config.max_tree_width, widest),
-                                                fixed_width=config.fixed_tree_width if max_k else 1)
+                               max_width=min(config.max_tree_width, widest),
+                               fixed_width=config.fixed_tree_width if max_k else 1)
         self.max_model_len = min(config.max_model_len or model.cfg.max_position_embeddings,
                                  model.cfg.max_position_embeddings)
         self.hidden_layers = proposer.hidden_layers if proposer is not None else ()
@@ -330,7 +330,7 @@ class RolloutEngine:
         step_seconds = time.perf_counter() - step_start
         if speculating:
             self.planner.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
-                                    kept_tokens=kept, stopped_rows=int(stopped.sum()))
+                                 kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         if done.any():
