@@ -142,3 +142,51 @@ def test_the_forward_pass_and_self_draft_acceptance_benches_run_as_subcommands(c
     assert all(0 < v["p10"] <= 1 and 0 < v["mean"] <= 1 for v in summary["acceptance"]["eager"].values())
     assert cli.main(["bench", "self-draft-acceptance", "--kernels", "no-such-kernel"]) == 1
     assert "kernels ['no-such-kernel'] cannot run here" in capsys.readouterr().err
+
+
+def test_the_f32_gguf_for_llamacpp_holds_the_dequantised_weights_and_every_metadata_field(tmp_path):
+    """`write_f32_gguf` (llama.cpp's F32 copy of the policy): each tensor equal to gguf's dequantisation of the
+    source's, shapes kept, every metadata field kept but the file type (all-F32 now)."""
+    import gguf
+    import numpy as np
+
+    from specrl.bench.llamacpp_peer import write_f32_gguf
+
+    rng = np.random.default_rng(0)
+    source = tmp_path / "q.gguf"
+    writer = gguf.GGUFWriter(str(source), "llama")
+    writer.add_block_count(2)
+    writer.add_rope_freq_base(1e4)
+    writer.add_bool("tokenizer.ggml.add_bos_token", False)
+    writer.add_token_list(["<a>", "b", "c"])
+    writer.add_token_types([3, 1, 1])
+    writer.add_chat_template("{{ messages }}")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    weights = {"blk.0.ffn_up.weight": (rng.standard_normal((6, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0),
+               "blk.0.attn_q.weight": (rng.standard_normal((4, 32)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1),
+               "output_norm.weight": (rng.standard_normal(64).astype(np.float32), gguf.GGMLQuantizationType.F32)}
+    for name, (values, kind) in weights.items():
+        data = gguf.quants.quantize(values, kind)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    out = write_f32_gguf(source, tmp_path / "f32.gguf")
+    before, after = gguf.GGUFReader(str(source)), gguf.GGUFReader(str(out))
+    for old, new in zip(before.tensors, after.tensors, strict=True):
+        assert (new.name, new.shape.tolist(), new.tensor_type) == (old.name, old.shape.tolist(), gguf.GGMLQuantizationType.F32)
+        assert np.array_equal(new.data, gguf.quants.dequantize(old.data, old.tensor_type).reshape(new.data.shape))
+        assert not np.array_equal(new.data, weights[new.name][0]) or old.tensor_type == gguf.GGMLQuantizationType.F32
+    assert after.fields["general.file_type"].contents() == gguf.LlamaFileType.ALL_F32
+    kept = [key for key in before.fields if not key.startswith("GGUF.") and key != "general.file_type"]
+    assert len(kept) == 7 and all(after.fields[key].contents() == before.fields[key].contents() for key in kept)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is not None, reason="llama-cpp-python is installed")
+def test_the_llamacpp_bench_without_its_extra_says_how_to_install_it():
+    from specrl.bench.llamacpp_peer import LlamaCppBenchConfig, run_llamacpp_bench
+
+    with pytest.raises(ValueError, match=r"needs llama-cpp-python.*pip install -e '\.\[llamacpp\]'"):
+        run_llamacpp_bench(LlamaCppBenchConfig(rounds=1))

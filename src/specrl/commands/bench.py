@@ -26,6 +26,7 @@ BENCH_MODULES = {
     "trainer-step": "specrl.bench.trainer_step",
     "async": "specrl.bench.async_bench",
     "trl": "specrl.bench.trl_peer",
+    "llamacpp": "specrl.bench.llamacpp_peer",
 }
 
 # flags kept under the names the docs have used, beside the generated ones
