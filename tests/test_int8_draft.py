@@ -6,11 +6,14 @@ Chain of invariants:
                                  keeps activations fp32); on VNNI, with each projection's input rounded too
                                  (`small_gemm.quantize_activations`), to within a step of that rounding;
     it shares the embeddings and norms, and a later load_weights on the target leaves it as it was;
-    the proposer rebuilds the copy after a weight sync, and only then (never stale, never rebuilt for nothing);
+    the proposer rebuilds the copy after a weight sync, and only then (never stale, never rebuilt for nothing),
+    at the call's first proposal (a call decoded plainly throughout rebuilds nothing), out of the planner's fits;
     its exactness (speculation on == off at temperature 0, chi-square at temperature 1, q a distribution)
     runs with every other proposer in tests/test_engine.py.
 """
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -101,6 +104,40 @@ def test_the_draft_is_rebuilt_after_a_weight_sync_and_only_then(target_dir, tmp_
     q, _ = small_gemm.quantize_int8(state["model.layers.0.mlp.down_proj.weight"])
     assert torch.equal(proposer.model.layers[0]["down"].q, q)
     assert result.spec.num_drafts > 0 and result.spec.acceptance_rate > 0.5  # drafts the new policy
+
+
+def test_a_weight_sync_rebuilds_the_draft_at_its_first_proposal_and_the_planner_does_not_fit_the_rebuild(
+        target_dir, monkeypatch):
+    """A call's start builds nothing, so a call the planner decodes plainly throughout pays no rebuild (in GRPO on
+    AVX2 most rollout calls are: ~0.1 s of a ~5 s call on SmolLM2); the first proposal after the sync rebuilds,
+    the call's draft time counts it, and the step the planner fits leaves it out."""
+    model = LlamaModel.from_pretrained(target_dir)
+    proposer = Int8DraftProposer(model)
+    engine = RolloutEngine(model, proposer=proposer, config=EngineConfig(num_speculative_tokens=3, adaptive=False))
+    state = {name: t * 1.5 if name.endswith("_proj.weight") else t for name, t in load_state_dict(target_dir).items()}
+    engine.load_weights(state, version=1)
+    first = proposer.model
+    proposer.start(torch.tensor([[1, 2, 3]]), torch.tensor([3]), SamplingParams())
+    assert proposer.model is first
+
+    make_copy = model.int8_copy
+
+    def slow_copy(*args, **kwargs):
+        time.sleep(0.3)
+        return make_copy(*args, **kwargs)
+
+    fitted = []
+    observe = engine.planner.observe
+
+    def recorded(batch, k, seconds, per_pos, **kwargs):
+        fitted.append((seconds, kwargs["draft_seconds"]))
+        return observe(batch, k, seconds, per_pos, **kwargs)
+
+    monkeypatch.setattr(model, "int8_copy", slow_copy)
+    monkeypatch.setattr(engine.planner, "observe", recorded)
+    result = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=6, seed=0, ignore_eos=True))
+    assert proposer.model is not first and proposer.rebuild_seconds >= 0.3 and result.draft_seconds >= 0.3
+    assert fitted and max(seconds for seconds, _ in fitted) < 0.3 and max(draft for _, draft in fitted) < 0.3
 
 
 def test_k_left_unset_is_the_proposers_own_default_and_a_set_k_wins():

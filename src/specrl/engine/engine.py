@@ -329,8 +329,9 @@ class RolloutEngine:
         done, stopped, kept = self._apply_stop_rules(batch, emitted, num_emitted, call)
         step_seconds = time.perf_counter() - step_start
         if speculating:
-            self.planner.observe(B, k, step_seconds, per_pos, draft_seconds=draft_seconds, width=width,
-                                 kept_tokens=kept, stopped_rows=int(stopped.sum()))
+            setup = proposal.setup_seconds  # one-off work (a rebuild), not what this option costs a step
+            self.planner.observe(B, k, step_seconds - setup, per_pos, draft_seconds=draft_seconds - setup,
+                                 width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         if done.any():

@@ -16,11 +16,12 @@ prompt prefill (through the int8 network at M = 60-1000 rows it cost ~0.4 s a ca
 speculation off at batch 4), no copy of the cache, and no catch-up feed of the accepted drafts (a pass
 of 1 + accepted tokens per row at the start of every proposal).
 
-It needs no checkpoint and no training, and it never goes stale: `start` (each generate call, and
-the restart after an in-flight weight update) rebuilds the copy whenever the target's weights are
-no longer the ones it was made from (`load_weights` replaces the target's layer list, so identity
-tells). A rebuild is one quantization pass over the weights (`rebuild_seconds` keeps the last one's
-time), paid once per weight sync.
+It needs no checkpoint and no training, and it never goes stale: each proposal first rebuilds the copy
+if the target's weights are no longer the ones it was made from (`load_weights` replaces the target's
+layer list, so identity tells; an in-flight weight update included). A rebuild is one quantization pass
+over the weights (`rebuild_seconds` keeps the last one's time, ~0.1 s on SmolLM2), paid once per weight
+sync and only by a call that drafts: in GRPO a step whose rollouts the planner decodes plainly throughout
+pays nothing. The proposal reports it as `setup_seconds`, which the planner does not fit as a draft's cost.
 """
 from __future__ import annotations
 
@@ -60,8 +61,6 @@ class Int8DraftProposer(DraftModelProposer):
         self.check_draft_weights(state, source)
 
     def start(self, tokens: torch.Tensor, num_tokens: torch.Tensor, params: SamplingParams) -> None:
-        if self.target.layers is not self.built_from:
-            self._rebuild()
         self.prefill = self.row_base = self.cache = None  # no prompt to prefill: each proposal reads the target's cache
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -75,9 +74,15 @@ class Int8DraftProposer(DraftModelProposer):
         if target is None:
             raise ValueError("the int8 self-draft drafts in the target's KV cache: ProposalContext.target_cache "
                              "is required")
+        setup = 0.0
+        if self.target.layers is not self.built_from:  # the weights changed since the copy was made
+            self._rebuild()
+            setup = self.rebuild_seconds
         self.cache = KVCache(target.keys, target.values, target.lens.clone())
         self.synced = target.lens.clone()
-        return super().propose(context, k)
+        proposal = super().propose(context, k)
+        proposal.setup_seconds = setup
+        return proposal
 
 
 PLUGIN = ProposerKind(

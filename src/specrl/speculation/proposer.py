@@ -38,6 +38,9 @@ from specrl.sampling import SamplingParams, draw, sampling_distribution
 class Proposal:
     tokens: torch.Tensor  # [B, K] long
     probs: torch.Tensor | None  # [B, K, V] draft distribution q, or None for one-hot proposals
+    # one-off work inside this proposal (the int8 self-draft's rebuild after a weight sync): the call's draft time
+    # counts it; the planner does not fit it as what drafting costs a step
+    setup_seconds: float = 0.0
 
 
 @dataclass
@@ -48,6 +51,7 @@ class TreeProposal:
     q_first: torch.Tensor | None  # [B, V] the distribution the candidates were drawn from; None = deterministic
     drafts: torch.Tensor  # [B, w, k-1] long: each branch's drafts after its candidate
     q_drafts: torch.Tensor | None  # [B, w, k-1, V], or None (one-hot)
+    setup_seconds: float = 0.0  # as `Proposal`'s
 
 
 def one_hot_proposal(found: list[list[int]], histories_last: list[int], k: int) -> Proposal:
