@@ -12,9 +12,12 @@ Chain of invariants:
     quantize_pack_vnni(W)    == quantize_int8 then pack_vnni, bit for bit, at 1 and 2 threads (the one-pass rebuild);
     Int8Projection, fast     == Int8Projection, eager (the dequantized weights through MKL), of the VNNI kernel's
                                 rounded activations where the kernel is VNNI;
-    a kernel that cannot run  warns once with the reason and the engine runs eager.
+    a kernel that cannot run  warns once with the reason and the engine runs eager;
+    fma_peak_gflops          is a ceiling the fp32 kernel does not pass (the kernel bench's floor rests on it).
 """
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -228,3 +231,20 @@ def test_the_int8_kernel_can_be_pinned_and_a_pin_this_cpu_cannot_run_is_named(mo
 def test_an_int8_kernel_this_cpu_cannot_run_is_refused_by_name():
     with pytest.raises(ValueError, match="int8 kernel .int4. cannot run here"):
         Int8Projection(Projection(torch.randn(16, 8), fast=True), "int4")
+
+
+def test_the_fma_probe_is_a_ceiling_the_fp32_kernel_does_not_pass():
+    """The kernel bench prices each pass's compute floor at `fma_peak_gflops`. A probe whose chains the compiler
+    folded or serialised would read several times too low, and the kernel, 16 rows on a matrix held in L2 (as
+    compute-bound as it gets), would run faster than the 'peak'; the margin leaves room for a busy machine."""
+    x, w = torch.randn(16, 512), torch.randn(256, 512)
+    packed = small_gemm.pack(w, 8)  # the AVX2 tiles, whose ceiling the probe's 8-wide FMAs are
+    timed = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(50):
+            small_gemm.matmul(x, packed, 256)
+        timed.append(time.perf_counter() - start)
+    kernel = 2 * 16 * 256 * 512 * 50 / min(timed) / 1e9
+    peak = small_gemm.fma_peak_gflops(threads=torch.get_num_threads(), seconds=0.1)
+    assert 0 < kernel < 1.5 * peak, (kernel, peak)

@@ -8,6 +8,12 @@ do too, once per int8 kernel this CPU runs (`vnni`: activations rounded to int8 
 multiplied in integers; `avx512`, `avx2`: int8 weights widened in registers, fp32 activations). All
 variants alternate for `rounds` rounds; the median ms per pass is reported, with the weight-streaming
 rate it implies and each int8 pass's cost as a share of the fp32 fast path's. Ends with one JSON line.
+
+What bounds the fp32 pass: before timing, `small_gemm.fma_peak_gflops` measures the FMA rate the CPU gives the
+bench's threads (8-wide FMAs in registers: the AVX2 tiles' ceiling; AVX-512 tiles may pass it where the CPU
+runs 512-bit FMAs at full width). Each M's `floor_ms` is the larger of the pass's FLOPs (2 M per weight) at
+that rate and the one-row pass (streaming the weights; when M = 1 is among the rows); `fast_over_floor` is how
+far the pass is above it, `fast_gflops` the rate it ran at.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import torch
 from rich.table import Table
 
 from specrl.bench import Bench
+from specrl.kernels.small_gemm import fma_peak_gflops
 from specrl.models.checkpoint import load_config
 from specrl.models.llama import Int8Projection, Projection, fast_path_available, int8_kernels, kernels_report
 from specrl.models.registry import resolve_checkpoint
@@ -60,6 +67,7 @@ def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
     variants = {"eager": [Projection(w) for w in weights], "fast": fast,
                 **{f"int8_{kernel}": [Int8Projection(p, kernel) for p in fast] for kernel in int8_kernels()}}
     megabytes = sum(w.numel() for w in weights) * 4 / 1e6
+    peak = fma_peak_gflops()
     rows = []
     for i, m in enumerate(config.rows):
         inputs = {inp: torch.randn(m, inp) for _, inp in set(shapes)}
@@ -79,21 +87,27 @@ def run_kernel_bench(config: KernelBenchConfig, progress=None) -> dict:
         if progress is not None:
             progress(i + 1, len(config.rows))
     one = rows[0]["fast_ms"] if config.rows[0] == 1 else None
+    for row in rows:
+        row["fast_gflops"] = 2 * row["rows"] * megabytes / 4 / row["fast_ms"]  # megabytes / 4: million weights
+        row["floor_ms"] = max(row["fast_gflops"] * row["fast_ms"] / peak, one or 0.0)
+        row["fast_over_floor"] = row["fast_ms"] / row["floor_ms"]
     return {"model": config.model, "threads": torch.get_num_threads(), **kernels_report(), "weights_mb": megabytes,
-            "rounds": config.rounds,
+            "rounds": config.rounds, "fma_peak_gflops": peak,
             "int8_kernels": [name for name in variants if name.startswith("int8")],
             "rows": rows, "fast_cost_vs_one_row": {str(r["rows"]): r["fast_ms"] / one for r in rows} if one else None}
 
 
 def report(summary: dict, config: KernelBenchConfig, console) -> None:
     """Per row count: ms per pass eager and on the fast path, its weight-streaming rate, each int8 kernel's ms."""
-    table = Table(title=f"projections of {config.model} ({summary['weights_mb']:.0f} MB), {summary['threads']} threads")
+    table = Table(title=f"projections of {config.model} ({summary['weights_mb']:.0f} MB), {summary['threads']} threads, "
+                        f"FMA peak {summary['fma_peak_gflops']:.0f} GFLOP/s")
     int8 = summary["int8_kernels"]
-    for column in ("rows M", "eager ms", "fast ms", "speedup", "fast GB/s", *(f"{name} ms (/ fast)" for name in int8)):
+    for column in ("rows M", "eager ms", "fast ms", "speedup", "fast GB/s", "fast GFLOP/s", "fast / floor",
+                   *(f"{name} ms (/ fast)" for name in int8)):
         table.add_column(column)
     for row in summary["rows"]:
         table.add_row(str(row["rows"]), f"{row['eager_ms']:.1f}", f"{row['fast_ms']:.1f}", f"{row['speedup']:.2f}x",
-                      f"{row['fast_gb_per_s']:.1f}",
+                      f"{row['fast_gb_per_s']:.1f}", f"{row['fast_gflops']:.1f}", f"{row['fast_over_floor']:.2f}",
                       *(f"{row[name + '_ms']:.1f} ({row[name + '_vs_fast']:.2f})" for name in int8))
     console.print(table)
 

@@ -528,6 +528,30 @@ extern "C" int specrl_small_gemm_vnni_supported(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
+// The fp32 FMA throughput the CPU gives `threads` threads at once, the ceiling of the AVX2 tiles above: each thread
+// runs 12 independent chains of 8-wide FMAs (more than the FMA latency times the FMA ports) for `iters` rounds, in
+// registers, touching no memory. -> the slowest thread's seconds; 12 * 16 * iters FLOPs per thread.
+extern "C" double specrl_fma_probe(long iters, int threads) {
+    double slowest = 0.0;
+    #pragma omp parallel num_threads(threads) reduction(max : slowest)
+    {
+        const float seed = 1e-3f * (float)(omp_get_thread_num() + 1);  // distinct chains: none folded into another
+        __m256 c[12];
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) c[i] = _mm256_set1_ps(seed * (float)(i + 1));
+        const __m256 a = _mm256_set1_ps(0.5f + seed), b = _mm256_set1_ps(0.25f);
+        const double start = omp_get_wtime();
+        for (long it = 0; it < iters; ++it)
+            _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) c[i] = _mm256_fmadd_ps(a, c[i], b);
+        const double seconds = omp_get_wtime() - start;
+        __m256 sum = c[0];
+        for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, c[i]);
+        volatile float sink = _mm256_cvtss_f32(sum);  // the chains' results are used: none is optimised away
+        (void)sink;
+        slowest = seconds > slowest ? seconds : slowest;
+    }
+    return slowest;
+}
+
 // 1 when this CPU runs AVX-512 F and BW (the int8 avx512 path), else 0.
 extern "C" int specrl_small_gemm_avx512_supported(void) {
     __builtin_cpu_init();

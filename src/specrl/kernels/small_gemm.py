@@ -124,7 +124,21 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specrl_sample_softmax.restype = i
     lib.specrl_draw.argtypes = [p, i, i, p, p]
     lib.specrl_draw.restype = i
+    lib.specrl_fma_probe.argtypes = [ctypes.c_long, i]
+    lib.specrl_fma_probe.restype = ctypes.c_double
     return lib, ""
+
+
+def fma_peak_gflops(threads: int | None = None, seconds: float = 0.2) -> float:
+    """The fp32 FMA rate this CPU gives `threads` threads together (default torch's), in GFLOP/s: 8-wide FMAs in
+    independent register chains, the ceiling of the fp32 tiles (`specrl_fma_probe`), timed for about `seconds`.
+    Needs the library."""
+    threads = threads or torch.get_num_threads()
+    probe = _library()[0].specrl_fma_probe
+    iters = 1_000_000
+    elapsed = probe(iters, threads)
+    iters = max(iters, int(iters * seconds / max(elapsed, 1e-6)))
+    return 12 * 16 * iters * threads / probe(iters, threads) / 1e9
 
 
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni")  # the flags that choose the kernels
