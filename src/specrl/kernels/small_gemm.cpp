@@ -2,7 +2,8 @@
 //
 // Why: MKL and OpenBLAS switch from gemv (1 row) to gemm (2+ rows) kernels that stream the weights
 // slower (the eager rows of docs/fast_path.md's kernel table), so verifying k drafts cost far more than
-// one decode step. Here each weight is streamed once for up to 8 rows.
+// one decode step. Here each weight is streamed from memory once for any M (chunks of rows after the
+// first find it in L2).
 //
 // Layout: W is packed as Wp[N8][K][8], N8 = ceil(N / 8): block b holds outputs 8b..8b+7, and for
 // each k their 8 weights are contiguous (one 32-byte load). A tile multiplies R rows of x by NB
@@ -54,7 +55,7 @@ static inline void tile(const float* x, int64_t ldx, const W* wp, const float* s
         _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) _mm256_storeu_ps(y + r * ldy + b * 8, acc[r][b]);
 }
 
-// Rows [0, M) against blocks [b0, b0 + nb) of W, in chunks of up to 8 rows: the first chunk streams
+// Rows [0, M) against blocks [b0, b0 + nb) of W, in chunks of up to 4 rows: the first chunk streams
 // the blocks from memory, the others find them in the core's L2 cache.
 template <typename W, int R, int NB>
 static inline void tiles(const float* x, int K, const W* wp, const float* scale, int b0, int nb, float* y,
@@ -74,16 +75,15 @@ static void chunk(const float* x, int rows, int K, const W* wp, const float* sca
         case 1: tiles<W, 1, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
         case 2: tiles<W, 2, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
         case 3: tiles<W, 3, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
-        case 4: tiles<W, 4, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
-        case 5: tiles<W, 5, 2>(x, K, wp, scale, b0, nb, y, ldy); break;
-        case 6: tiles<W, 6, 2>(x, K, wp, scale, b0, nb, y, ldy); break;
-        case 7: tiles<W, 7, 1>(x, K, wp, scale, b0, nb, y, ldy); break;
-        default: tiles<W, 8, 1>(x, K, wp, scale, b0, nb, y, ldy); break;
+        default: tiles<W, 4, 3>(x, K, wp, scale, b0, nb, y, ldy); break;
     }
 }
 
 // y is [M, 8 * N8] (row stride 8 * N8); x is [M, K] contiguous. Threads split the blocks of W in
 // groups of GROUP (a group's fp32 weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
+// Chunks of 4 rows, each a 4 x 3 tile: 12 accumulators for 3 loads and 4 broadcasts per k. The 8 x 1 tile
+// used from 7 rows before held 8 accumulators for 9 loads and ran at ~55% of the FMA peak where this runs at
+// ~75% (docs/log.md, 2026-11-27).
 static const int GROUP = 6;
 
 template <typename W>
@@ -93,8 +93,8 @@ static void gemm(const float* x, const W* wp, const float* scale, float* y, int 
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int g = 0; g < groups; ++g) {
         const int b0 = g * GROUP, nb = N8 - b0 < GROUP ? N8 - b0 : GROUP;
-        for (int m = 0; m < M; m += 8)
-            chunk<W>(x + (int64_t)m * K, M - m < 8 ? M - m : 8, K, wp, scale, b0, nb, y + (int64_t)m * ldy, ldy);
+        for (int m = 0; m < M; m += 4)
+            chunk<W>(x + (int64_t)m * K, M - m < 4 ? M - m : 4, K, wp, scale, b0, nb, y + (int64_t)m * ldy, ldy);
     }
 }
 
