@@ -112,7 +112,7 @@ extern "C" int specrl_small_gemm_int8(const float* x, const int8_t* wp, const fl
 
 // AVX-512, 16 outputs per block: the same tiles over Wz[N16][K][16] (fp32, or int8 widened to 16 fp32 in a zmm
 // register: half the widening instructions per weight of the AVX2 path). 32 zmm registers hold 8 rows x 3 blocks
-// of accumulators (up to 4 rows x 6 blocks), where AVX2's 16 ymm registers held 8 x 1, so from ~8 rows on the
+// of accumulators (up to 4 rows x 6 blocks), where AVX2's 16 ymm registers hold 4 x 3, so from ~8 rows on the
 // FMAs, not the loads and broadcasts, bound a pass (docs/log.md records what the AVX-512 tiles gained).
 // Each (row, output) is still one FMA chain over k in order, the AVX2 kernel's: the same bits as it, and
 // batch-invariant for the same reason.

@@ -4,7 +4,7 @@ Decoding and verification multiply a few rows (M = live rows x (k + 1)) by weigh
 from memory; MKL's gemm for M >= 2 streams them slower than its gemv for M = 1, so before
 this kernel verifying a few drafts cost far more than one decode step (the eager rows of
 docs/fast_path.md's kernel table). The kernel streams
-each weight once for up to 8 rows (see the .cpp) and is used for M <= MAX_ROWS; larger M goes
+each weight from memory once for any M (see the .cpp) and is used for M <= MAX_ROWS; larger M goes
 to MKL. Blocks of 16 outputs on AVX-512, 8 on AVX2 (`fp32_block()`); the two give the same bits.
 
     packed = pack(weight)              [N, K] -> [ceil(N/block), K, block], once per weight load or sync
