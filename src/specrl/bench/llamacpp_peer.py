@@ -130,7 +130,7 @@ class LlamaCppSide:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
-        threads = config.threads or torch.get_num_threads()
+        threads = torch.get_num_threads()  # the bench's threads (`set_threads`), as specrl runs
         self.llm = Llama(str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, draft_model=draft,
                          seed=config.seed, verbose=False)
         self.config = config
@@ -168,6 +168,7 @@ class SpecrlSide:
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
@@ -176,8 +177,6 @@ def run_llamacpp_bench(config: LlamaCppBenchConfig, progress=None) -> dict:
         import llama_cpp
     except ImportError as error:
         raise ValueError(f"bench llamacpp needs llama-cpp-python, which is not installed: {INSTALL}") from error
-    if config.threads:
-        torch.set_num_threads(config.threads)
     from specrl.models.checkpoint import load_tokenizer
     from specrl.models.registry import resolve_checkpoint
     from specrl.tasks.presets import preset_prompts
@@ -211,7 +210,7 @@ def run_llamacpp_bench(config: LlamaCppBenchConfig, progress=None) -> dict:
         if progress is not None:
             progress(r + 1, config.rounds)
     tokens_per_s = {name: statistics.median(values) for name, values in rates.items()}
-    return {**dataclasses.asdict(config), "threads": config.threads or torch.get_num_threads(),
+    return {**dataclasses.asdict(config), "threads": torch.get_num_threads(),
             "llama_cpp_python": llama_cpp.__version__, **kernels_report(),
             "greedy_tokens_as_specrl": greedy_prefix, "tokens_per_s": tokens_per_s, "tokens_per_s_per_round": rates,
             "mean_response_tokens": {name: statistics.mean(values) for name, values in lengths.items()},
