@@ -218,6 +218,7 @@ def run_llamacpp_bench(config: LlamaCppBenchConfig, progress=None) -> dict:
 
 
 def report(summary: dict, config: LlamaCppBenchConfig, console) -> None:
+    """Each variant's tokens/s beside llama.cpp F32's, the greedy check, and what llama.cpp's figures are."""
     table = Table(title=f"{config.model} at batch 1, T={config.temperature}, {summary['threads']} threads "
                         f"(fp32 kernel {summary['fp32_kernel']})")
     for column in ("variant", "tokens/s", "vs llama.cpp F32", "mean response tokens"):

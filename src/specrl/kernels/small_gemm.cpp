@@ -81,9 +81,8 @@ static void chunk(const float* x, int rows, int K, const W* wp, const float* sca
 
 // y is [M, 8 * N8] (row stride 8 * N8); x is [M, K] contiguous. Threads split the blocks of W in
 // groups of GROUP (a group's fp32 weights, 6 * K * 32 bytes, stay in L2 while every row chunk uses them).
-// Chunks of 4 rows, each a 4 x 3 tile: 12 accumulators for 3 loads and 4 broadcasts per k. The 8 x 1 tile
-// used from 7 rows before held 8 accumulators for 9 loads and ran at ~55% of the FMA peak where this runs at
-// ~75% (docs/log.md, 2026-11-27).
+// Chunks of 4 rows, each a 4 x 3 tile: 12 accumulators for 3 loads and 4 broadcasts per k, ~75% of the FMA
+// peak from 8 rows on (`specrl bench kernel`; docs/log.md has the 8 x 1 tile it replaced).
 static const int GROUP = 6;
 
 template <typename W>
