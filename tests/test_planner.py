@@ -114,6 +114,33 @@ def test_a_drain_learned_at_large_batches_speculates_in_its_tail():
     assert sum(k >= 3 for k in tail) >= len(tail) - 2, tail
 
 
+def test_a_draft_dearer_per_row_at_more_rows_is_measured_in_the_tail_where_it_pays():
+    """The int8 self-draft on AVX2 at 1 thread (`bench rollout --batch 4`): its pass is bound by memory at one row
+    (0.37 of a plain step) and by integer multiply-adds from two (0.85 at four rows), so it loses at 4 rows and
+    pays ~1.8x at one. Measured at 4 rows only and scaled down to one as a plain step's cost scales, the drafts
+    were priced at 2.3x their cost there and the tail never drafted (0.98x). Scaled in proportion to the rows
+    (the least a pass can cost), the tail's first step speculates and measures the draft there; and each k not
+    yet run in a range is priced as the bound prices it, not by the verify fit's extrapolation from other k."""
+    planner = Planner(max_k=8, refresh_every=10_000)  # no refresh: pricing alone must find the tail
+    plain = lambda b: max(0.038 + 0.0024 * b, 0.010 + 0.0081 * b)  # noqa: E731  memory-, then compute-bound
+    draft_pass = lambda b: 0.0065 + 0.0085 * b  # noqa: E731
+    drain = [4] * 40 + [3] * 20 + [2] * 20 + [1] * 30
+    for call in range(3):
+        planner.prefilled()
+        tail, spent, kept = [], 0.0, 0
+        for batch in drain:
+            k = planner.choose(batch)
+            draft = k * draft_pass(batch)
+            accepted = [round(batch * 0.95 ** (i + 1)) for i in range(k)]
+            seconds = plain(batch * (1 + k)) + draft
+            planner.observe(batch, k, seconds, accepted, draft_seconds=draft)
+            if batch == 1:
+                tail.append(k)
+                spent, kept = spent + seconds, kept + 1 + sum(accepted)
+    assert tail.count(4) >= len(tail) - 2, tail  # k = 4 pays most at one row: 1.83x
+    assert kept / spent > 1.7 / plain(1)
+
+
 def test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_through_the_drain():
     """A plain step is DRAM-bound, flat, up to ~6 rows (SmolLM2 at 2 threads: ~20 ms from 1 to 6 rows) and
     compute-bound past it. A line through a drain's plain steps, most at 16-32 rows, priced one at 4 rows at
@@ -237,9 +264,10 @@ def test_one_slow_draft_pass_does_not_bar_refreshes_for_good():
 def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed():
     """Each draft token costs more than a plain step (as on `tiny`, whose forward is all overhead): even
     a draft accepted every time, with verification free, loses. After the bootstrap (plain twice, k = 1
-    twice, the first not fitted, then plain twice, the first of them not fitted) no step speculates, at one
-    batch size or in a drain through two batch ranges: at the new size the draft is priced at its cost at the
-    first, scaled as a plain step's (the fit's extrapolation priced it wrong there, and a refresh ran)."""
+    twice, the first not fitted, then plain twice, the first of them not fitted) no step speculates at one batch
+    size. In a drain down to a lower batch range, the draft's cost there is unknown until measured: priced at the
+    least it could cost (its cost at the first size, in proportion to the rows), one refresh measures it, and
+    from then on it is priced as measured and no step speculates."""
     for batches in ([8] * 3000, [12] * 1500 + [6] * 1500):
         planner = Planner(max_k=3)
         chosen = []
@@ -249,7 +277,7 @@ def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_
             draft = 0.010 * k
             planner.observe(batch, k, 0.008 * (1 + batch / 64) * (k + 1) + draft, [batch] * k, draft_seconds=draft)
         assert chosen[:6] == [0, 0, 1, 1, 0, 0] and set(chosen[6:]) <= {0, 3}, batches[-1]
-        assert chosen[6:].count(3) == 0, batches[-1]
+        assert chosen[6:].count(3) == (0 if len(set(batches)) == 1 else 1), batches[-1]
 
 
 def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():

@@ -16,8 +16,10 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     at their decayed mean there. `test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_...`
  5. Not fitted: the first speculative step, the step after a prefill, a plain step after a speculative one.
     `test_the_first_speculative_step_is_not_fitted`, `test_the_first_step_after_a_prefill_is_not_fitted`
- 6. In a power-of-two range of B where no speculative step ran, a verify is priced as a plain step over as
-    many tokens. `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`
+ 6. An option not yet run in a power-of-two range of B: its verify priced as a plain step over as many tokens;
+    where no draft ran in the range, its drafts at the nearest size's cost, in proportion to the rows below it.
+    `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`,
+    `test_a_draft_dearer_per_row_at_more_rows_is_measured_in_the_tail_where_it_pays`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
     what could pay if every draft were kept (`_could_pay`).
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed`
@@ -184,9 +186,11 @@ class Planner:
                     ranges pin the plain fit's slope; before that one plain step over B, which it costs
                     at least;
             drafts  the draft fit's price where a speculative step was fitted in this batch's range;
-                    elsewhere its price at the nearest batch size fitted, scaled as a plain step's cost
-                    scales between the two (a draft pass is a forward pass over as many rows);
-                    left out with drafts=False."""
+                    elsewhere its price at the nearest batch size fitted, scaled down to fewer rows in
+                    proportion to the rows (a pass costs no less per row over fewer rows: the least it
+                    can cost, so the first step there speculates where it could pay and measures it),
+                    and up to more rows as a plain step's cost scales (a draft pass is a forward pass
+                    over as many rows); left out with drafts=False."""
         pinned = len(self.samples[0, 1]) > 1
         verify = [self.plain_seconds(batch * (1 + width * k) if pinned else batch) for k, width in options]
         if not drafts:
@@ -194,7 +198,7 @@ class Planner:
         near, scale = batch, 1.0
         if self._drafted_at and batch.bit_length() not in self._drafted_ranges:
             near = min(self._drafted_at, key=lambda b: abs(math.log(b / batch)))
-            scale = self.plain_seconds(batch) / max(self.plain_seconds(near), 1e-9)
+            scale = batch / near if near > batch else self.plain_seconds(batch) / max(self.plain_seconds(near), 1e-9)
         return [seconds + scale * self.draft_times.predict(near, k, width) for seconds, (k, width) in zip(verify, options)]
 
     def plain_seconds(self, batch: int) -> float:
@@ -248,11 +252,10 @@ class Planner:
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
         allowed = self._allowed_options(batch, room)
-        if batch.bit_length() in self._drafted_ranges:
-            speculative = [self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
-                           for k, w in allowed[1:]]
-        else:  # the models' slopes in B would be extrapolated from other ranges (module docstring)
-            speculative = self._unfitted_seconds(batch, allowed[1:])
+        here = batch.bit_length()  # an option not run in this range: the fits would extrapolate (module docstring)
+        speculative = [self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
+                       if self.samples[k, w][here] else self._unfitted_seconds(batch, [(k, w)])[0]
+                       for k, w in allowed[1:]]
         seconds = [self.plain_seconds(batch)] + speculative
         curves = self._expected_curves()  # by the one rate: an upper bound on the rows' own (`_go_on`)
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
