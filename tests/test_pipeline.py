@@ -45,6 +45,17 @@ def test_rollout_logprobs_match_the_trainer_during_training(tmp_path, proposer):
     for record in pipeline.history:
         assert record["train"]["logprob_abs_error_max"] < 1e-4
     assert summary["steps_run"] == 2 and summary["acceptance_length"] > 1.0
+    assert summary["speculation_gain"] is None  # fixed K: no plain step measured to price the steps against
+
+
+def test_a_run_reports_what_speculation_saved_its_rollouts(tmp_path):
+    """The decode steps priced as plain decoding over what they took (`GenerateResult.plain_equivalent_seconds`):
+    exactly 1 without a proposer; with one and adaptive K, a positive figure."""
+    plain = Pipeline(small_config(tmp_path / "plain", "run.steps=1", "backend.proposer=none")).run()
+    assert plain["speculation_gain"] == pytest.approx(1.0, rel=1e-12)
+    adaptive = Pipeline(small_config(tmp_path / "ngram", "run.steps=1", "backend.proposer=ngram",
+                                     "backend.adaptive=true")).run()
+    assert adaptive["speculation_gain"] > 0
 
 
 @pytest.mark.parametrize("truncation", [["rollout.top_p=0.7"], ["rollout.top_k=20"], ["rollout.top_k=5"]],

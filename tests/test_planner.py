@@ -520,6 +520,41 @@ def test_the_engine_counts_its_steps_by_the_planners_reason():
     assert sum(result.plan_reasons.values()) == result.steps and set(result.plan_reasons) <= set(REASONS)
 
 
+def test_the_engine_prices_its_decode_steps_as_plain_decoding_at_the_plain_step_times_it_measured():
+    """What speculation saved, within one call: a plain step counts as it ran, a speculative one as its kept
+    tokens at the planner's plain step time for its batch size per row; with no plain step measured (fixed K)
+    there is no price; without a proposer the price is the time itself."""
+    import math
+
+    from specrl.backends import BackendConfig, make_backend
+    from specrl.sampling import SamplingParams
+
+    params = SamplingParams(n=2, max_tokens=24, seed=0)
+    prompts = ["Q:12+34\nA:"] * 4
+    backend = make_backend(BackendConfig(model="tiny", proposer="ngram"))
+    planner, steps = backend.engine.planner, []
+    observe = planner.observe
+
+    def recording(batch, k, seconds, accepted_per_pos, **kw):
+        observe(batch, k, seconds, accepted_per_pos, **kw)
+        steps.append(seconds if not k else kw["kept_tokens"] / batch * planner.plain_seconds(batch))
+        times.append(seconds)
+
+    planner.observe, times = recording, []
+    for _ in range(5):  # until a call speculates
+        steps.clear(), times.clear()
+        result = backend.generate(prompts, params)
+        if result.k_histogram.get(0, 0) < result.steps:
+            break
+    assert result.k_histogram.get(0, 0) < result.steps
+    assert math.isclose(result.step_seconds, sum(times), rel_tol=1e-9)
+    assert math.isclose(result.plain_equivalent_seconds, sum(steps), rel_tol=1e-9)
+    plain = make_backend(BackendConfig(model="tiny", proposer="none")).generate(prompts, params)
+    assert plain.step_seconds > 0 and plain.plain_equivalent_seconds == plain.step_seconds
+    fixed = make_backend(BackendConfig(model="tiny", proposer="ngram", adaptive=False)).generate(prompts, params)
+    assert fixed.step_seconds > 0 and fixed.plain_equivalent_seconds is None
+
+
 def test_every_rule_in_the_planners_docstring_names_a_test_that_exists():
     import re
 

@@ -43,6 +43,12 @@ class GenerateResult:
     # cache, or from the call's first prompt where all its prompts begin alike)
     # steps per reason the planner gave for its choice (`speculation.planner.REASONS`; the embedded engine only)
     plan_reasons: dict[str, int] = field(default_factory=dict)
+    # the decode steps' seconds (after prefill), and the same steps priced as plain decoding: a speculative step's
+    # kept tokens at the plain step time its engine measured for that batch size, per token (a plain step as it
+    # ran); None where a speculative step ran before any plain step was measured. Their ratio is what speculation
+    # saved; the embedded engine only (0.0 and None elsewhere)
+    step_seconds: float = 0.0
+    plain_equivalent_seconds: float | None = None
 
     @property
     def num_tokens(self) -> int:

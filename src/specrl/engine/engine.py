@@ -120,6 +120,8 @@ class CallState:
     k_histogram: dict[int, int] = field(default_factory=dict)
     width_histogram: dict[int, int] = field(default_factory=dict)  # speculative steps run with each tree width
     plan_reasons: dict[str, int] = field(default_factory=dict)  # steps per reason the planner gave
+    step_seconds: float = 0.0  # the decode steps' time
+    plain_equivalent_seconds: float | None = 0.0  # the same steps priced as plain decoding (`GenerateResult`)
     steps: int = 0
     draft_seconds: float = 0.0  # inside the proposer, whole call
     verify_seconds: float | None = None  # the last step's time outside the proposer
@@ -204,7 +206,8 @@ class RolloutEngine:
                               steps=call.steps, k_histogram=call.k_histogram, draft_seconds=call.draft_seconds,
                               width_histogram=call.width_histogram, trace=call.trace,
                               weight_updates=call.weight_updates, weight_update_seconds=call.weight_update_seconds,
-                              cached_prompt_tokens=call.cached_prompt_tokens, plan_reasons=call.plan_reasons)
+                              cached_prompt_tokens=call.cached_prompt_tokens, plan_reasons=call.plan_reasons,
+                              step_seconds=call.step_seconds, plain_equivalent_seconds=call.plain_equivalent_seconds)
 
     def _between_steps(self, batch: LiveBatch, call: CallState, hook: Callable[[], None]) -> None:
         """Run the hook (outside inference mode: a weight load is the same as between calls); if it loaded
@@ -334,8 +337,23 @@ class RolloutEngine:
                                  width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
+        self._price_as_plain(call, B, k, step_seconds, kept)
         if done.any():
             self._retire(batch, done, stopped, call)
+
+    def _price_as_plain(self, call: CallState, B: int, k: int, seconds: float, kept: int) -> None:
+        """Add a step to the call's decode time, and to that time priced as plain decoding: a plain step as it
+        ran, a speculative one's kept tokens at the planner's plain step time for B rows per B tokens (none
+        measured yet: the call's price is None)."""
+        call.step_seconds += seconds
+        if call.plain_equivalent_seconds is None:
+            return
+        if not k:
+            call.plain_equivalent_seconds += seconds
+        elif self.planner.plain_times.fitted:
+            call.plain_equivalent_seconds += kept / B * self.planner.plain_seconds(B)
+        else:
+            call.plain_equivalent_seconds = None
 
     def _propose(self, batch: LiveBatch, call: CallState, k: int, width: int) -> tuple[Proposal | TreeProposal, float]:
         """k drafts per row from the proposer (an empty [B, 0] proposal for k = 0; a tree of `width`

@@ -70,6 +70,8 @@ class RolloutResult:
     weight_updates: int = 0  # versions adopted in flight, during this request
     trace: list = field(default_factory=list)  # the batch's drain (`GenerateResult.trace`)
     plan_reasons: dict[str, int] = field(default_factory=dict)  # steps per planner reason (`GenerateResult`)
+    step_seconds: float = 0.0  # the decode steps, and the same priced as plain decoding (`GenerateResult`)
+    plain_equivalent_seconds: float | None = None
 
 
 class RolloutWorker:
@@ -112,7 +114,7 @@ class RolloutWorker:
                              {"weight_load": load_seconds + result.weight_update_seconds,
                               "generation": result.seconds - result.weight_update_seconds,
                               "reward": time.perf_counter() - start}, result.weight_updates, result.trace,
-                             result.plan_reasons)
+                             result.plan_reasons, result.step_seconds, result.plain_equivalent_seconds)
 
     def evaluate(self, seed: int) -> tuple[dict, list]:
         """Held-out pass@k (`pipeline.evaluation`) of the newest weights: (result with its policy_version,

@@ -116,6 +116,7 @@ class Pipeline:
         self.rollout_seconds: Counter[str] = Counter()  # the workers' stages: generation, weight_load, reward
         self._since_step: list[RolloutResult] = []  # results ingested since the last record
         self.plan_reasons: Counter[str] = Counter()  # engine steps per planner reason, over the run
+        self.decode_seconds = [0.0, 0.0]  # the priced requests' decode steps: as they ran, and priced as plain
 
     @property
     def history(self) -> list[dict]:
@@ -155,6 +156,9 @@ class Pipeline:
         for result in results:
             self.buffer.put(result.groups)
             self.rollout_seconds.update(result.seconds)
+            if result.plain_equivalent_seconds is not None:
+                self.decode_seconds[0] += result.step_seconds
+                self.decode_seconds[1] += result.plain_equivalent_seconds
             self.learner.note_rollouts(result.spec, result.num_tokens, result.seconds["generation"])
             self._since_step.append(result)
         self.reissue += failed
@@ -285,5 +289,7 @@ class Pipeline:
             "in_flight_weight_updates": self.in_flight_updates,
             "dynamic_sampling_extra_generations": len(self.buffer.filtered) * self.config.grpo.group_size,
             "plan_reasons": dict(self.plan_reasons),
+            # what speculation saved: the decode steps priced as plain decoding over what they took (`GenerateResult`)
+            "speculation_gain": self.decode_seconds[1] / self.decode_seconds[0] if self.decode_seconds[0] else None,
             **self.source.summary(), "requests_reissued": self.reissued, "groups": self.ledger(),
         }
