@@ -261,7 +261,7 @@ def test_one_slow_draft_pass_does_not_bar_refreshes_for_good():
     assert sum(1 for k in chosen[-100:] if k) >= 50  # speculating again
 
 
-def test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed():
+def test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_once_in_a_new_range():
     """Each draft token costs more than a plain step (as on `tiny`, whose forward is all overhead): even
     a draft accepted every time, with verification free, loses. After the bootstrap (plain twice, k = 1
     twice, the first not fitted, then plain twice, the first of them not fitted) no step speculates at one batch

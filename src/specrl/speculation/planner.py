@@ -22,7 +22,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_a_draft_dearer_per_row_at_more_rows_is_measured_in_the_tail_where_it_pays`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
     what could pay if every draft were kept (`_could_pay`).
-    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_neither_explored_nor_refreshed`
+    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_once_in_a_new_range`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
  9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
