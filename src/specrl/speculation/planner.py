@@ -253,8 +253,10 @@ class Planner:
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
         allowed = self._allowed_options(batch, room)
         here = batch.bit_length()  # an option not run in this range: the fits would extrapolate (module docstring)
-        speculative = [self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
-                       if self.samples[k, w][here] else self._unfitted_seconds(batch, [(k, w)])[0]
+        unfitted = [option for option in allowed[1:] if not self.samples[option][here]]
+        unfitted = dict(zip(unfitted, self._unfitted_seconds(batch, unfitted))) if unfitted else {}
+        speculative = [unfitted[k, w] if (k, w) in unfitted
+                       else self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
                        for k, w in allowed[1:]]
         seconds = [self.plain_seconds(batch)] + speculative
         curves = self._expected_curves()  # by the one rate: an upper bound on the rows' own (`_go_on`)
