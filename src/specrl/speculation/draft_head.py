@@ -58,6 +58,7 @@ class DraftHead(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.d2t: torch.Tensor | None = None  # [V_out] long: output id -> target id, None when V_out == V
+        self.linears: list[HeadLinear] = []  # on the fast path (`use_fast_path`): the layers it packs
 
     # -- per kind ---------------------------------------------------------------------------
     hidden_layers: tuple[int, ...] = ()  # engine layer indices (see LlamaModel.forward) fed to `fuse`
@@ -108,9 +109,15 @@ class DraftHead(nn.Module):
 
     def use_fast_path(self, on: bool) -> None:
         """Draft with specrl's small-row kernel (as the target does when `on`; see HeadLinear)."""
-        for module in self.modules():
-            if isinstance(module, HeadLinear):
-                module.fast = on
+        self.linears = [module for module in self.modules() if isinstance(module, HeadLinear)]
+        for module in self.linears:
+            module.fast = on
+
+    def repack(self) -> bool:
+        """Rebuild now the fast path's packed weights that changed (an optimizer step, a sync), which a pass
+        would otherwise rebuild on first use: a proposer times this one-off work apart from drafting.
+        Returns whether any was rebuilt."""
+        return any([module.repack() for module in self.linears])  # a list: every module rebuilds
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.target.embed)

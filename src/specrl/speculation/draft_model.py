@@ -16,6 +16,8 @@ tensor mapping draft ids to target ids) puts zero probability outside those ids.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specrl.models.checkpoint import read_config_json
@@ -80,8 +82,11 @@ class DraftModelProposer(CallScopedState):
         the first draft is read at column 0 for row 0 and column 1 for row 1.
         """
         B, S = context.tokens.shape
+        setup = 0.0  # the call's prompt, prefilled at its first proposal: one-off work (`Proposal.setup_seconds`)
         if self.prefill is not None:
+            start = time.perf_counter()
             self._prefill(context)
+            setup = time.perf_counter() - start
         rows = torch.arange(B)
         count = context.num_tokens - self.synced  # [B] >= 1
         columns = (self.synced.unsqueeze(1) + torch.arange(int(count.max()))).clamp_max(S - 1)
@@ -99,7 +104,8 @@ class DraftModelProposer(CallScopedState):
             probs.append(q)
             feed, read = token.unsqueeze(1), torch.zeros_like(read)
         self.synced = context.num_tokens.clone()
-        return Proposal(tokens=torch.stack(tokens, 1), probs=None if context.params.greedy else torch.stack(probs, 1))
+        return Proposal(tokens=torch.stack(tokens, 1), probs=None if context.params.greedy else torch.stack(probs, 1),
+                        setup_seconds=setup)
 
 
 def _build(setup: ProposerSetup) -> DraftModelProposer:

@@ -53,13 +53,22 @@ class HeadLinear(nn.Linear):
 
     fast = False  # set by DraftHead.use_fast_path
 
+    def repack(self) -> bool:
+        """Rebuild the packed copy if the weight changed since it was made (off the fast path: nothing to pack).
+        Returns whether it rebuilt."""
+        if not self.fast or self.weight.is_inference():
+            return False
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_packed_key", None) == key:
+            return False
+        self._packed, self._packed_key = small_gemm.pack(self.weight.detach()), key
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (not self.fast or torch.is_grad_enabled() or self.weight.is_inference()
                 or x.numel() // x.shape[-1] > small_gemm.MAX_ROWS):
             return F.linear(x, self.weight, self.bias)
-        key = (self.weight.data_ptr(), self.weight._version)
-        if getattr(self, "_packed_key", None) != key:
-            self._packed, self._packed_key = small_gemm.pack(self.weight.detach()), key
+        self.repack()
         y = small_gemm.matmul(x, self._packed, self.out_features)
         return y if self.bias is None else y + self.bias
 

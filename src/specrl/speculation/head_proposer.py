@@ -19,6 +19,9 @@ target's hidden states of the positions it just verified:
         the cache: n times cheaper than on the repeated rows, and deferred like the rest, so a
         call that never speculates never runs the head (an eager catch-up would be a fixed cost on
         every call decoded plainly).
+        A call's first catch-up (its prompt) is one-off work, as is rebuilding the head's packed weights
+        after they changed (`DraftHead.repack`, done before it): the proposal reports their seconds as
+        `setup_seconds`, which neither the planner nor the hybrid counts as what a draft costs a step.
 
     propose(context, k)
         element 1's output is the anchor's; elements 2..k each run the head once more on its
@@ -36,6 +39,8 @@ Drafts are sampled from q = the head's distribution under the call's sampling pa
         then drafted like a chain on a copy of the head's cache repeated `width` times, discarded afterwards.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -72,6 +77,7 @@ class HeadProposer(CallScopedState):
         # (pending, tokens) then, and each live row's row among them
         self.deferred: tuple[list, torch.Tensor] | None = None
         self.row_base: torch.Tensor | None = None
+        self.prompt_caught_up = False
 
     def select_rows(self, rows: torch.Tensor) -> None:
         if self.deferred is not None:  # the cache still holds the rows before the repeat
@@ -118,6 +124,18 @@ class HeadProposer(CallScopedState):
             hidden[layer] = stacked.gather(1, order.unsqueeze(-1).expand(-1, -1, stacked.shape[-1]))
         return hidden, pending[0][1], sum(c for _, _, c in pending)
 
+    def _prepare(self, tokens: torch.Tensor) -> float:
+        """The work before a proposal drafts: the head's packed weights rebuilt if they changed, and the catch-up.
+        Returns the seconds of its one-off part (`Proposal.setup_seconds`): the rebuild, and the call's first
+        catch-up (its prompt, and any steps decoded plainly before it)."""
+        start = time.perf_counter()
+        packed = time.perf_counter() if self.head.repack() else start
+        self._catch_up_all(tokens)
+        if self.prompt_caught_up:
+            return packed - start
+        self.prompt_caught_up = True
+        return time.perf_counter() - start
+
     def _catch_up_all(self, tokens: torch.Tensor) -> None:
         """The deferred catch-up on the rows before the repeat, spread to the live rows, then what is pending."""
         if self.deferred is not None:
@@ -148,7 +166,7 @@ class HeadProposer(CallScopedState):
 
     @torch.inference_mode()
     def propose(self, context: ProposalContext, k: int) -> Proposal:
-        self._catch_up_all(context.tokens)
+        setup = self._prepare(context.tokens)
         params, head = context.params, self.head
         feature, tokens, probs = self.feature, [], []
         self.cache.grow_to(int(self.cache.lens.max()) + k)
@@ -159,11 +177,12 @@ class HeadProposer(CallScopedState):
             token, q = sample_draft_token(head.logits(feature), head.d2t, context.vocab_size, params, context.generator)
             tokens.append(token)
             probs.append(q)
-        return Proposal(tokens=torch.stack(tokens, 1), probs=None if params.greedy else torch.stack(probs, 1))
+        return Proposal(tokens=torch.stack(tokens, 1), probs=None if params.greedy else torch.stack(probs, 1),
+                        setup_seconds=setup)
 
     @torch.inference_mode()
     def propose_tree(self, context: ProposalContext, k: int, width: int) -> TreeProposal:
-        self._catch_up_all(context.tokens)
+        setup = self._prepare(context.tokens)
         params, head, V = context.params, self.head, context.vocab_size
         B = self.feature.shape[0]
         logits = head.logits(self.feature)  # [B, V_out]
@@ -191,4 +210,4 @@ class HeadProposer(CallScopedState):
             probs.append(q.view(B, width, V))
         empty = torch.zeros(B, width, 0, dtype=torch.long)
         return TreeProposal(candidates, q_first, torch.stack(drafts, 2) if drafts else empty,
-                            None if params.greedy or not probs else torch.stack(probs, 2))
+                            None if params.greedy or not probs else torch.stack(probs, 2), setup_seconds=setup)
