@@ -7,9 +7,9 @@ target's hidden states of the positions it just verified:
     observe(hidden, start, count, tokens)
         hidden {layer: [B, T, H]}, row b valid for t < count[b], at positions start[b] + t.
         Kept pending, not run: steps without speculation (adaptive K = 0) cost the head nothing.
-        When rows leave the batch, a pending chunk only records which of its rows are still live;
-        its states are gathered at the catch-up (copying every chunk at every retirement is paid at
-        large batches, where rows retire often, even by calls that never speculate).
+        When rows leave the batch, a pending chunk only records which of its rows are still live, and
+        so do the head's cache and anchor state; both are gathered at the catch-up (copying them at
+        every retirement is paid where rows retire often, even by calls that never speculate).
 
     catch-up (before a proposal)
         runs chain element 1 at every pending position (features fused from the hidden
@@ -73,20 +73,20 @@ class HeadProposer(CallScopedState):
         # (hidden, start, count, rows): an observed chunk and the live rows' rows in it (None: all, in order)
         self.pending: list[tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self.pending_tokens: torch.Tensor | None = None  # [B, S] the engine's tokens at the last observe
-        # deferred catch-up on the rows as they were before a repeat (cache and feature stay on those rows):
-        # (pending, tokens) then, and each live row's row among them
+        # deferred catch-up on the rows as they were before a repeat: (pending, tokens) then
         self.deferred: tuple[list, torch.Tensor] | None = None
+        # each live row's row in the cache and feature, which stay on earlier rows until the next catch-up (None: the
+        # live rows): rows retire often and a head that is not drafting runs never
         self.row_base: torch.Tensor | None = None
         self.prompt_caught_up = False
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        if self.deferred is not None:  # the cache still holds the rows before the repeat
+        if self.row_base is not None:  # the cache still holds earlier rows
             self.row_base = self.row_base.index_select(0, rows)
         elif self.pending and rows.numel() > self.cache.batch:  # prompts about to be repeated: catch up once each, later
             self.deferred, self.row_base, self.pending = (self.pending, self.pending_tokens), rows, []
         else:
-            self.cache.select_rows(rows)
-            self.feature = self.feature.index_select(0, rows)
+            self.row_base = rows
         self.pending = [(hidden, start, count, rows if own is None else own[rows])
                         for hidden, start, count, own in self.pending]
         if self.pending_tokens is not None:
@@ -137,13 +137,16 @@ class HeadProposer(CallScopedState):
         return time.perf_counter() - start
 
     def _catch_up_all(self, tokens: torch.Tensor) -> None:
-        """The deferred catch-up on the rows before the repeat, spread to the live rows, then what is pending."""
+        """The deferred catch-up on the rows before the repeat, the cache and feature then moved to the live rows,
+        then what is pending."""
         if self.deferred is not None:
             after, (self.pending, before) = self.pending, self.deferred
             self.catch_up(before)
+            self.deferred, self.pending = None, after
+        if self.row_base is not None:
             self.cache.select_rows(self.row_base)
             self.feature = self.feature.index_select(0, self.row_base)
-            self.deferred, self.row_base, self.pending = None, None, after
+            self.row_base = None
         if self.pending:
             self.catch_up(tokens)
 
