@@ -129,12 +129,12 @@ class HeadProposer(CallScopedState):
         Returns the seconds of its one-off part (`Proposal.setup_seconds`): the rebuild, and the call's first
         catch-up (its prompt, and any steps decoded plainly before it)."""
         start = time.perf_counter()
-        packed = time.perf_counter() if self.head.repack() else start
+        setup = time.perf_counter() - start if self.head.repack() else 0.0
         self._catch_up_all(tokens)
-        if self.prompt_caught_up:
-            return packed - start
-        self.prompt_caught_up = True
-        return time.perf_counter() - start
+        if not self.prompt_caught_up:
+            self.prompt_caught_up = True
+            setup = time.perf_counter() - start
+        return setup
 
     def _catch_up_all(self, tokens: torch.Tensor) -> None:
         """The deferred catch-up on the rows before the repeat, the cache and feature then moved to the live rows,

@@ -117,9 +117,10 @@ class HybridProposer:
         self.pending, self.pending_start = [], None
 
     def _timed(self, part: str, call):
+        """call(), its seconds (less a proposal's one-off `setup_seconds`) into the part's cost average."""
         start = time.perf_counter()
         result = call()
-        seconds = time.perf_counter() - start - getattr(result, "setup_seconds", 0.0)
+        seconds = time.perf_counter() - start - (result.setup_seconds if isinstance(result, Proposal) else 0.0)
         previous = self.cost[part]
         self.cost[part] = seconds if previous is None else previous + self.smoothing * (seconds - previous)
         return result
