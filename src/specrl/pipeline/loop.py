@@ -116,7 +116,8 @@ class Pipeline:
         self.rollout_seconds: Counter[str] = Counter()  # the workers' stages: generation, weight_load, reward
         self._since_step: list[RolloutResult] = []  # results ingested since the last record
         self.plan_reasons: Counter[str] = Counter()  # engine steps per planner reason, over the run
-        self.decode_seconds = [0.0, 0.0]  # the priced requests' decode steps: as they ran, and priced as plain
+        # the priced requests' decode steps: as they ran, and priced as plain decoding (`GenerateResult`)
+        self.decode_seconds, self.plain_equivalent_seconds = 0.0, 0.0
 
     @property
     def history(self) -> list[dict]:
@@ -157,8 +158,8 @@ class Pipeline:
             self.buffer.put(result.groups)
             self.rollout_seconds.update(result.seconds)
             if result.plain_equivalent_seconds is not None:
-                self.decode_seconds[0] += result.step_seconds
-                self.decode_seconds[1] += result.plain_equivalent_seconds
+                self.decode_seconds += result.step_seconds
+                self.plain_equivalent_seconds += result.plain_equivalent_seconds
             self.learner.note_rollouts(result.spec, result.num_tokens, result.seconds["generation"])
             self._since_step.append(result)
         self.reissue += failed
@@ -290,6 +291,6 @@ class Pipeline:
             "dynamic_sampling_extra_generations": len(self.buffer.filtered) * self.config.grpo.group_size,
             "plan_reasons": dict(self.plan_reasons),
             # what speculation saved: the decode steps priced as plain decoding over what they took (`GenerateResult`)
-            "speculation_gain": self.decode_seconds[1] / self.decode_seconds[0] if self.decode_seconds[0] else None,
+            "speculation_gain": self.plain_equivalent_seconds / self.decode_seconds if self.decode_seconds else None,
             **self.source.summary(), "requests_reissued": self.reissued, "groups": self.ledger(),
         }
