@@ -334,7 +334,8 @@ class RolloutEngine:
         if speculating:
             setup = proposal.setup_seconds  # one-off work (a rebuild), not what this option costs a step
             self.planner.observe(B, k, step_seconds - setup, per_pos, draft_seconds=draft_seconds - setup,
-                                 width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()))
+                                 width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()),
+                                 setup_seconds=setup)
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         self._price_as_plain(call, B, k, step_seconds, kept)

@@ -25,6 +25,11 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_once_in_a_new_range`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
+    Probes (a refresh; an explore past plain decoding and k = 1, which start the fits) cost at most
+    `probe_share` of the plain decoding time: each adds to a debt what it cost over plain decoding of the tokens
+    it emitted, its proposer's one-off setup included (a head catching up over a call's prompt); plain steps
+    pay it off at `probe_share` of their time; none runs while any is owed.
+    `test_probes_that_cost_many_plain_steps_wait_until_they_are_a_small_share_of_the_time`
  9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
     `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`
 10. Where pricing chose plain, it stands `reprice_every` steps there unpriced.
@@ -93,6 +98,7 @@ class Planner:
     length_decay: float = 0.98  # each retired row keeps this share of the older rows' weight (`ResponseLengths`)
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
     refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell if the draft got better
+    probe_share: float = 0.02  # losing refresh and explore steps cost at most this share of plain decoding's time
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
@@ -122,6 +128,7 @@ class Planner:
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
+        self.probe_debt = 0.0  # seconds probes cost over plain decoding that plain steps have not paid off (rule 8)
         self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
@@ -239,6 +246,7 @@ class Planner:
             return StepPlan(0, 1, "held")
         refresh = min(self.max_k, self.refresh_k), 1
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
+                and not self.probe_debt \
                 and self._could_pay(refresh, batch, cheapest_drafts=True):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             return StepPlan(*refresh, "refresh")
@@ -247,7 +255,8 @@ class Planner:
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)):
+                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)) \
+                        and (option in firsts or not self.probe_debt):
                     return StepPlan(*option, "explore")
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
@@ -316,10 +325,18 @@ class Planner:
         return self.stopped_rows / self.kept_tokens if self.kept_tokens else 0.0
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
-                draft_seconds: float = 0.0, width: int = 1, kept_tokens: int = 0, stopped_rows: int = 0) -> None:
+                draft_seconds: float = 0.0, width: int = 1, kept_tokens: int = 0, stopped_rows: int = 0,
+                setup_seconds: float = 0.0) -> None:
         """Record one step: its wall time (of which `draft_seconds` inside the proposer), per draft
         position along the accepted path how many rows accepted it, the tokens its rows kept and how
-        many rows a stop token or string ended."""
+        many rows a stop token or string ended; `setup_seconds`: the proposer's one-off work in the step,
+        left out of `seconds` (not what the option costs a step, but what a probe costs: rule 8)."""
+        if not k:
+            self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
+        elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
+            emitted = batch + sum(accepted_per_pos)  # each row's token after its accepted drafts
+            extra = seconds + setup_seconds - emitted / batch * self.plain_seconds(batch)
+            self.probe_debt = max(self.probe_debt + extra, 0.0)
         if kept_tokens:
             self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
