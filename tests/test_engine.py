@@ -280,6 +280,24 @@ def test_weight_sync_changes_outputs_and_stamps_the_version(target_dir):
     assert after.logprobs != before.logprobs
 
 
+def test_the_planner_is_told_which_calls_follow_a_weight_load_and_what_their_first_draft_set_up(target_dir):
+    """The int8 copy is rebuilt by the first call that drafts after a weight load: that call's first speculative
+    step reports the rebuild as setup, under the calls after a load (planner rule 8a); a call without a load
+    sets up nothing."""
+    engine = make_engine(target_dir, "int8", k=3, adaptive=True)
+    engine.planner.prior_acceptance = 1.0
+    seen = []
+    prefilled = engine.planner.prefilled
+    engine.planner.prefilled = lambda weights_changed=False: seen.append(weights_changed) or prefilled(weights_changed)
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=0)
+    for _ in range(3):
+        engine.generate(PROMPTS[:1], params)
+    engine.load_weights(load_state_dict(target_dir), version=1)
+    engine.generate(PROMPTS[:1], params)
+    assert seen == [True, False, False, True]
+    assert engine.planner.setup_seconds[True] > 0 and engine.planner.setup_seconds[False] == 0.0
+
+
 def test_engine_runs_the_k_its_planner_chooses_and_stays_exact(target_dir, draft_dir):
     """The planner's choice (tested on synthetic costs in test_planner.py) drives each step;
     whatever K it picks, step by step, the greedy output is unchanged."""

@@ -142,6 +142,7 @@ class RolloutEngine:
         self.config = config
         self.verify_chain = CHAIN_VERIFIERS[config.verification or "block"]
         self.version = 0
+        self._prefilled_version: int | None = None  # the weights' version at the last prefill
         self.generating = False  # inside a generate call's steps (where a weight load needs a new version)
         max_k = 0 if proposer is None else speculative_tokens(proposer.name, config.num_speculative_tokens)
         widest = proposer.max_width if proposer is not None else 1
@@ -233,7 +234,8 @@ class RolloutEngine:
             batch.cache.lens = batch.num_tokens - 1
             if self.proposer is not None:
                 self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
-            self.planner.prefilled()
+            self.planner.prefilled(weights_changed=True)
+            self._prefilled_version = self.version
             call.weight_updates += 1
         call.weight_update_seconds += time.perf_counter() - start
 
@@ -250,7 +252,8 @@ class RolloutEngine:
         cache = self.model.new_cache(P, width)
         hidden = self._prefill_cache(tokens, lengths, cache, call)
         cache.lens = lengths - 1
-        self.planner.prefilled()
+        self.planner.prefilled(weights_changed=self.version != self._prefilled_version)
+        self._prefilled_version = self.version
         if self.proposer is not None:
             draft_start = time.perf_counter()
             self.proposer.start(tokens, lengths, call.params)

@@ -25,11 +25,16 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_once_in_a_new_range`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
-    Probes (a refresh; an explore past plain decoding and k = 1, which start the fits) cost at most
-    `probe_share` of the plain decoding time: each adds to a debt what it cost over plain decoding of the tokens
-    it emitted, its proposer's one-off setup included (a head catching up over a call's prompt); plain steps
-    pay it off at `probe_share` of their time; none runs while any is owed.
-    `test_probes_that_cost_many_plain_steps_wait_until_they_are_a_small_share_of_the_time`
+    Refreshes cost at most `probe_share` of the plain decoding time: each refresh and explore adds to a debt
+    what it cost over plain decoding of the tokens it emitted, its proposer's one-off setup included (a head
+    catching up over a call's prompt); plain steps pay it off at `probe_share` of their time; no refresh runs
+    while any is owed. `test_probes_that_cost_many_plain_steps_wait_until_they_are_a_small_share_of_the_time`
+    (Refreshes, unlike explores, are not barred by the setup below: they are what re-measures it.)
+ 8a. Until a call's first speculative step, each speculative option, priced or explored, carries the
+    proposer's one-off setup (the mean of what calls' first speculative steps reported, apart for calls after
+    a weight load, which rebuild what the proposer made from the weights) spread over the most tokens a row
+    may still emit: tau(k) / room of it. `test_a_call_too_short_to_repay_the_proposers_setup_decodes_plainly`,
+    `test_setup_after_a_weight_load_is_priced_apart_from_a_calls_own`
  9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
     `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`
 10. Where pricing chose plain, it stands `reprice_every` steps there unpriced.
@@ -74,7 +79,7 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "fixed": "adaptive K is off: every step runs max_k drafts (as a tree of fixed_width)",
     "no-room": "no live row may emit a token past the next one before max_tokens, so no draft could be kept",
     "held": "plain decoding was priced best at this batch size lately and stands, unpriced, for reprice_every steps",
-    "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance",
+    "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance and setup",
     "explore": "an option not yet measured at this batch size runs so that it can be priced",
     "plain-fit": "a plain step among speculative ones keeps the plain step's time fit current",
     "priced-plain": "priced: no option beats plain decoding's expected tokens per second by min_gain",
@@ -98,7 +103,7 @@ class Planner:
     length_decay: float = 0.98  # each retired row keeps this share of the older rows' weight (`ResponseLengths`)
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
     refresh_k: int = 3  # a refresh drafts min(max_k, refresh_k): the first positions tell if the draft got better
-    probe_share: float = 0.02  # losing refresh and explore steps cost at most this share of plain decoding's time
+    probe_share: float = 0.02  # refreshes (with the explores before them) cost at most this share of plain time
     max_width: int = 1  # most candidate first tokens of a tree (1 = chains only)
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
@@ -128,7 +133,12 @@ class Planner:
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
-        self.probe_debt = 0.0  # seconds probes cost over plain decoding that plain steps have not paid off (rule 8)
+        self.probe_debt = 0.0  # seconds refreshes and explores cost over plain decoding, not yet paid off (rule 8)
+        # weights changed or not -> mean of the setups calls' first speculative steps reported, each later one
+        # weighing half (rule 8a)
+        self.setup_seconds: dict[bool, float] = {}
+        self._set_up = False  # a speculative step ran since the last prefill: the proposer's setup is paid
+        self._weights_changed = False  # the last prefill was the first after a weight load
         self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
@@ -143,10 +153,12 @@ class Planner:
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
         self._plain_holds.clear()  # chosen under the last setting's acceptance
 
-    def prefilled(self) -> None:
-        """A prefill (a call's prompts, or the live rows' cache after an in-flight weight update) just ran:
-        the next step is not fitted (module docstring)."""
+    def prefilled(self, weights_changed: bool = False) -> None:
+        """A prefill (a call's prompts, or the live rows' cache after an in-flight weight update) just ran, the
+        first after a weight load or not: the next step is not fitted, and the next speculative step pays the
+        proposer's setup (module docstring)."""
         self._after_prefill = True
+        self._set_up, self._weights_changed = False, weights_changed
 
     def retired(self, lengths: list[int], stopped: list[bool]) -> None:
         """Rows left the batch: the tokens each generated and whether a stop token or string ended it."""
@@ -169,12 +181,14 @@ class Planner:
             self._explored.add(option)  # counts only grow: explored for good
         return option == (0, 1) and not seen[batch.bit_length()]
 
-    def _could_pay(self, option: tuple[int, int], batch: int, cheapest_drafts: bool = False) -> bool:
+    def _could_pay(self, option: tuple[int, int], batch: int, cheapest_drafts: bool = False,
+                   room: int | None = None) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
         accepted, priced from what was measured directly (`_unfitted_seconds`), not by the verify fit's
         extrapolation to an option not yet run; true until plain steps were fitted. `cheapest_drafts` (a
         refresh, which re-measures the draft's cost too): its drafts at the cheapest pass measured in this
-        batch range, so that one slow pass cannot bar every refresh for good."""
+        batch range, so that one slow pass cannot bar every refresh for good. With `room`, the call's setup
+        not yet paid is priced in (`_setup_per_token`)."""
         if not self.plain_times.fitted:
             return True
         k, width = option
@@ -184,7 +198,15 @@ class Planner:
             seconds = min(seconds, self._unfitted_seconds(batch, [option], drafts=False)[0] + k * width * cheapest)
         go_on = 1.0 - self.stop_rate
         best_tokens = sum(go_on ** j for j in range(k + 1))
+        seconds += best_tokens * self._setup_per_token(room)
         return best_tokens / max(seconds, 1e-9) >= self.min_gain / max(self.plain_seconds(batch), 1e-9)
+
+    def _setup_per_token(self, room: int | None) -> float:
+        """The proposer's setup, where this call has not paid it yet, spread over the most tokens a row may
+        still emit (`room`): a step keeping tau tokens a row is priced tau times this (module docstring)."""
+        if self._set_up or room is None:
+            return 0.0
+        return self.setup_seconds.get(self._weights_changed, 0.0) / room
 
     def _unfitted_seconds(self, batch: int, options: list[tuple[int, int]], drafts: bool = True) -> list[float]:
         """Speculative options' step times from what was measured directly, where the fitted models' slopes
@@ -255,8 +277,7 @@ class Planner:
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch)) \
-                        and (option in firsts or not self.probe_debt):
+                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room=room)):
                     return StepPlan(*option, "explore")
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
@@ -267,8 +288,11 @@ class Planner:
         speculative = [unfitted[k, w] if (k, w) in unfitted
                        else self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
                        for k, w in allowed[1:]]
-        seconds = [self.plain_seconds(batch)] + speculative
         curves = self._expected_curves()  # by the one rate: an upper bound on the rows' own (`_go_on`)
+        setup = self._setup_per_token(room)
+        if setup:
+            speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
+        seconds = [self.plain_seconds(batch)] + speculative
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if not best:  # plain wherever the rows are: it stands
             self._plain_holds[batch.bit_length()] = self.reprice_every - 1
@@ -330,13 +354,17 @@ class Planner:
         """Record one step: its wall time (of which `draft_seconds` inside the proposer), per draft
         position along the accepted path how many rows accepted it, the tokens its rows kept and how
         many rows a stop token or string ended; `setup_seconds`: the proposer's one-off work in the step,
-        left out of `seconds` (not what the option costs a step, but what a probe costs: rule 8)."""
+        left out of `seconds` (not what the option costs a step, but what a call pays to start: rules 8, 8a)."""
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
         elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
             emitted = batch + sum(accepted_per_pos)  # each row's token after its accepted drafts
             extra = seconds + setup_seconds - emitted / batch * self.plain_seconds(batch)
             self.probe_debt = max(self.probe_debt + extra, 0.0)
+        if k and not self._set_up:
+            self._set_up = True
+            last = self.setup_seconds.get(self._weights_changed, setup_seconds)
+            self.setup_seconds[self._weights_changed] = (last + setup_seconds) / 2
         if kept_tokens:
             self.kept_tokens = self.stop_decay * self.kept_tokens + kept_tokens
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
