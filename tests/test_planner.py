@@ -299,7 +299,7 @@ def run_calls(max_tokens: int, calls: int, setup: float, weights_changed: bool =
 def test_a_call_too_short_to_repay_the_proposers_setup_decodes_plainly():
     """A head's catch-up over a call's prompt, or a draft model's prefill, is paid by a call's first speculative
     step and left out of the option's price. Where a call is too short to repay it (16 tokens: a 0.1 s setup
-    against the 0.06 s speculation saves), it decodes plainly but for probes; a long call (512) speculates."""
+    against the 0.096 s speculation could save), it decodes plainly but for probes; a long call (512) speculates."""
     spec_steps, took, plain = run_calls(16, 60, setup=0.1)
     assert sum(1 for n in spec_steps[20:] if n) <= 2 and took < 1.05 * plain
     spec_steps, took, plain = run_calls(512, 4, setup=0.1)
