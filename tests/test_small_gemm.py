@@ -146,7 +146,8 @@ INTEGER_KERNELS = ("vnni", "avx2-int8")  # activations rounded to int8 in groups
 
 @pytest.mark.parametrize("kernel", int8_kernels())
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 33])
-# (20, 40): on VNNI a short last group of two blocks; (1001, 63): two runs of ten groups read side by side, one left
+# (20, 40): a short last group of two blocks; (1001, 63): on VNNI two runs of ten groups read side by side, one
+# left, on AVX2 four runs of five, one left
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (1001, 63), (7, 5), (33, 130), (20, 40)])
 def test_every_int8_kernel_equals_a_matmul_with_the_dequantized_weights(kernel, rows, out_features, in_features):
     generator = torch.Generator().manual_seed(rows)

@@ -362,7 +362,7 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
 // exact, the VNNI kernel's sum, and is FMA'd into the accumulator with the group's scale in the same order: the
 // same bits as the VNNI kernel, and batch-invariant for the same reason.
 #pragma GCC push_options
-static_assert(VGROUP == 3, "a_group instantiates a_row for groups of 1 to 3 blocks");
+static_assert(VGROUP == 3, "a_groups instantiates a_row for groups of 1 to 3 blocks");
 #pragma GCC target("avx2,fma")
 
 // one row x [K] -> the VNNI kernel's xq [G * 16], xs [G] (`quantize_groups`, with 8 lanes at a time)
@@ -393,50 +393,71 @@ static inline void quantize_groups_avx2(const float* x, int K, int8_t* xq, float
     }
 }
 
-static const int PREFETCH = 2048;  // bytes ahead of the stream
-
-// One row (quantized) by a group of NB blocks of 16 outputs, read in order: per 4 k the group's NB x 64 bytes side
-// by side. Per 16 k, 2 NB int32 sums of 8 outputs, then FMA'd with the group's scale into the accumulators.
-template <int NB>
-static inline void a_row(const int8_t* xq, const float* xs, int G, const uint8_t* wp, const float* scale, float* y) {
-    __m256 acc[2 * NB];
-    _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) acc[b] = _mm256_setzero_ps();
+// One row (quantized) by S groups of NB blocks of 16 outputs, `apart` bytes (and `oapart` outputs) apart. Per 16 k
+// each group in turn: its 4 x NB x 64 bytes (4 k, the blocks side by side) into 2 NB int32 sums of 8 outputs, then
+// FMA'd with the 16 k's scale into the group's accumulators, which wait in L1 while the other groups run.
+// Why S groups: one core pulls more from DRAM out of several sequential streams than out of one, and the hardware
+// prefetchers keep up with four without software prefetches (docs/log.md, "Four streams in the AVX2 int8 kernel").
+template <int S, int NB>
+static inline void a_row(const int8_t* xq, const float* xs, int G, const uint8_t* wp, int64_t apart, int64_t oapart,
+                         const float* scale, float* y) {
+    alignas(32) float acc[S][2 * NB][8] = {};
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    const uint8_t* at = wp;
     for (int g = 0; g < G; ++g) {
-        __m256i sum[2 * NB];
-        _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) sum[b] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4, at += NB * 64) {
+        __m256i xb[4], xa[4];
+        _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4) {
             int32_t four;
             memcpy(&four, xq + g * 16 + k4 * 4, 4);
-            const __m256i xb = _mm256_set1_epi32(four), xa = _mm256_abs_epi8(xb);
-            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)
-                _mm_prefetch((const char*)(at + PREFETCH + b * 64), _MM_HINT_T0);
-            _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) {
-                const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(at + b * 32)), flip);
-                const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xb));
-                sum[b] = _mm256_add_epi32(sum[b], _mm256_madd_epi16(pairs, ones));
-            }
+            xb[k4] = _mm256_set1_epi32(four);
+            xa[k4] = _mm256_abs_epi8(xb[k4]);
         }
-        const __m256 s = _mm256_set1_ps(xs[g]);
-        _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
-            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[b]), s, acc[b]);
+        const __m256 step = _mm256_set1_ps(xs[g]);
+        for (int t = 0; t < S; ++t) {
+            const uint8_t* at = wp + t * apart + (int64_t)g * 4 * NB * 64;
+            __m256i sum[2 * NB];
+            _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) sum[b] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4, at += NB * 64)
+                _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) {
+                    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(at + b * 32)), flip);
+                    const __m256i pairs = _mm256_maddubs_epi16(xa[k4], _mm256_sign_epi8(w, xb[k4]));
+                    sum[b] = _mm256_add_epi32(sum[b], _mm256_madd_epi16(pairs, ones));
+                }
+            _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
+                _mm256_store_ps(acc[t][b], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[b]), step,
+                                                           _mm256_load_ps(acc[t][b])));
+        }
     }
-    _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
-        _mm256_storeu_ps(y + b * 8, _mm256_mul_ps(acc[b], _mm256_loadu_ps(scale + b * 8)));
+    _Pragma("GCC unroll 16") for (int t = 0; t < S; ++t)
+        _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
+            _mm256_storeu_ps(y + t * oapart + b * 8,
+                             _mm256_mul_ps(_mm256_load_ps(acc[t][b]), _mm256_loadu_ps(scale + t * oapart + b * 8)));
 }
 
-// All M rows (quantized) by one group of nb blocks (VGROUP, or fewer in a short last group), a row at a time: the
-// first row reads the group from memory, the others find it in L2.
-static inline void a_group(const int8_t* xq, const float* xs, int M, int G, const uint8_t* group, int nb,
-                           const float* scale, float* y, int64_t ldy) {
-    for (int m = 0; m < M; ++m) {
-        const int8_t* q = xq + (int64_t)m * G * 16;
-        const float* s = xs + (int64_t)m * G;
-        float* out = y + (int64_t)m * ldy;
-        if (nb == 3) a_row<3>(q, s, G, group, scale, out);
-        else if (nb == 2) a_row<2>(q, s, G, group, scale, out);
-        else a_row<1>(q, s, G, group, scale, out);
+// All M rows by the groups [g0, g1) of a matrix of N16 blocks. The full groups are cut into ASTREAMS runs of equal
+// length, read side by side, a row at a time (the first row reads the step's groups from memory, the others find
+// them in L2); then the groups left over one by one, the last with fewer blocks when it is short.
+static const int ASTREAMS = 4;
+
+static void a_groups(const int8_t* xq, const float* xs, int M, int G, const uint8_t* wp, const float* scale, int N16,
+                     int g0, int g1, float* y, int64_t ldy) {
+    const int64_t gbytes = (int64_t)VGROUP * G * 256;  // a full group's bytes
+    const int full = g1 < N16 / VGROUP ? g1 : N16 / VGROUP;
+    const int run = full > g0 ? (full - g0) / ASTREAMS : 0;
+    for (int g = g0; g < g0 + run; ++g)
+        for (int m = 0; m < M; ++m)
+            a_row<ASTREAMS, VGROUP>(xq + (int64_t)m * G * 16, xs + (int64_t)m * G, G, wp + g * gbytes, run * gbytes,
+                                    (int64_t)run * VGROUP * 16, scale + g * VGROUP * 16,
+                                    y + (int64_t)m * ldy + (int64_t)g * VGROUP * 16);
+    for (int g = g0 + ASTREAMS * run; g < g1; ++g) {
+        const int nb = N16 - g * VGROUP < VGROUP ? N16 - g * VGROUP : VGROUP;
+        for (int m = 0; m < M; ++m) {
+            const int8_t* q = xq + (int64_t)m * G * 16;
+            const float* s = xs + (int64_t)m * G;
+            float* out = y + (int64_t)m * ldy + (int64_t)g * VGROUP * 16;
+            if (nb == 3) a_row<1, 3>(q, s, G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
+            else if (nb == 2) a_row<1, 2>(q, s, G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
+            else a_row<1, 1>(q, s, G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
+        }
     }
 }
 
@@ -449,13 +470,13 @@ extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, co
     std::vector<float> xs((size_t)M * G);
     for (int m = 0; m < M; ++m)
         quantize_groups_avx2(x + (int64_t)m * K, K, xq.data() + (int64_t)m * G * 16, xs.data() + (int64_t)m * G);
-    const int64_t ldy = (int64_t)N16 * 16, gbytes = (int64_t)VGROUP * G * 256;
+    const int64_t ldy = (int64_t)N16 * 16;
     const int groups = (N16 + VGROUP - 1) / VGROUP;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int g = 0; g < groups; ++g) {
-        const int nb = N16 - g * VGROUP < VGROUP ? N16 - g * VGROUP : VGROUP;
-        a_group(xq.data(), xs.data(), M, G, wp + g * gbytes, nb, scale + g * VGROUP * 16,
-                y + (int64_t)g * VGROUP * 16, ldy);
+    #pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        a_groups(xq.data(), xs.data(), M, G, wp, scale, N16, (int)((int64_t)groups * t / T),
+                 (int)((int64_t)groups * (t + 1) / T), y, ldy);
     }
     return 0;
 }
