@@ -1,7 +1,7 @@
 """The planner on synthetic step times."""
 import numpy as np
 
-from specrl.speculation.planner import Planner
+from specrl.speculation.planner import Planner, StepPlan
 from specrl.speculation.step_time import StepTimeModel
 from specrl.speculation.acceptance import expected_tokens
 
@@ -543,6 +543,37 @@ def test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_st
     assert len(priced) <= 64 // planner.reprice_every + 1
 
 
+def test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often():
+    """A priced step costs ~0.25 ms on `tiny` against ~1.7 ms for its plain step: where plain decoding keeps
+    winning, the wait between pricings doubles (8, 16, 32, 64, 64, ...), each batch range apart; a refresh
+    ends the hold (what it measured is priced next) and the wait starts again once pricing chose speculation."""
+    planner = Planner(max_k=3, refresh_every=10 ** 6)  # no refreshes: only pricing decides
+    cost = lambda b, k: 0.001 * b * (k + 1)  # noqa: E731  compute-bound: speculation never pays
+
+    def priced_at(batch, steps):
+        at = []
+        for step in range(steps):
+            plan = planner.choose_step(batch)
+            assert plan.k == 0 or plan.reason == "explore"
+            if plan.reason == "priced-plain":
+                at.append(step)
+            planner.observe(batch, plan.k, cost(batch, plan.k), [batch // 2] * plan.k)
+        return at
+
+    at = priced_at(16, 400)
+    gaps = [later - earlier for earlier, later in zip(at, at[1:])]
+    assert gaps[:5] == [8, 16, 32, 64, 64] and set(gaps[5:]) == {64}
+    at = priced_at(2, 40)  # another range: its own wait
+    assert at[1] - at[0] == 8
+    planner.last = StepPlan(1, 1, "refresh")  # a refresh: priced at once, the wait goes on
+    planner.observe(16, 1, cost(16, 1), [8])
+    assert priced_at(16, 64) == [0]
+    planner.last = StepPlan(1, 1, "priced")  # pricing chose speculation: the wait starts again
+    planner.observe(16, 1, cost(16, 1), [8])
+    at = priced_at(16, 30)
+    assert at[:2] == [0, 8]
+
+
 def test_the_first_step_after_a_prefill_is_not_fitted():
     """The first step after a prefill (each call's here) runs on caches the prefill left cold (on `tiny` at
     batch 64, 1.6 against 1.1 ms); fitted, it priced plain decoding dear and turned on a k = 1 that lost."""
@@ -562,15 +593,15 @@ def test_the_first_step_after_a_prefill_is_not_fitted():
 
 def test_every_choice_says_why_and_the_reasons_follow_the_rules():
     """`choose_step` returns (k, width, reason); over a compute-bound drain the reasons run: explore (each
-    option once), priced-plain, then held for reprice_every - 1 steps, priced-plain again, and a refresh
-    once plain steps paid off what the explores cost. A fixed planner, one without drafts and a row with no room
-    say so."""
+    option once), priced-plain, then held for reprice_every - 1 steps, priced-plain again, and a refresh at the
+    first step not held once plain steps paid off what the explores cost. A fixed planner, one without drafts
+    and a row with no room say so."""
     from specrl.speculation.planner import REASONS
 
     planner = Planner(max_k=3)
     cost = lambda b, k: 0.001 * b * (k + 1)  # noqa: E731  compute-bound: speculation never pays
     reasons = []
-    for _ in range(300):
+    for _ in range(400):
         plan = planner.choose_step(16)
         assert plan.reason in REASONS
         assert plan.k == 0 or plan.reason in ("explore", "refresh", "priced")

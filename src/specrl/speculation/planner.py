@@ -37,8 +37,12 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_setup_after_a_weight_load_is_priced_apart_from_a_calls_own`
  9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
     `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`
-10. Where pricing chose plain, it stands `reprice_every` steps there unpriced.
-    `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`
+10. Where pricing chose plain, it stands `reprice_every` steps there unpriced; each further pricing there that
+    chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation; any speculative
+    step ends the holds (what it measured is priced next), as does a call of the other kind than the last
+    (after a weight load or not: rule 8a); a wait past `reprice_every` ends where a refresh may run (rule 8).
+    `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`,
+    `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`
 11. No draft past the room a row has left before max_tokens. `test_no_step_drafts_past_the_room_rows_have_left`
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
@@ -78,7 +82,8 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "off": "no proposer: every step decodes plainly",
     "fixed": "adaptive K is off: every step runs max_k drafts (as a tree of fixed_width)",
     "no-room": "no live row may emit a token past the next one before max_tokens, so no draft could be kept",
-    "held": "plain decoding was priced best at this batch size lately and stands, unpriced, for reprice_every steps",
+    "held": "plain decoding was priced best at this batch size lately and stands, unpriced, for reprice_every steps "
+            "(twice as many after each further such pricing, up to reprice_max)",
     "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance and setup",
     "explore": "an option not yet measured at this batch size runs so that it can be priced",
     "plain-fit": "a plain step among speculative ones keeps the plain step's time fit current",
@@ -108,6 +113,7 @@ class Planner:
     fixed_width: int = 1  # adaptive=False: every step is a tree of this width (1 = a chain) with max_k
     max_tree_rows: int = 16  # trees only while B * (1 + w k) stays within this many tokens
     reprice_every: int = 8  # with plain decoding chosen at a batch size, it stands there this many steps unpriced
+    reprice_max: int = 64  # ... doubling with each further pricing there that chooses plain, up to this many
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
 
     def __post_init__(self):
@@ -120,7 +126,9 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
+        self._plain_waits: dict[int, int] = {}  # batch range -> the hold its last pricing that chose plain set
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
+        self.acceptance: dict[int, AcceptanceEstimate] | None = None  # the current setting's (`use_sampling`)
         self.use_sampling(None)
         self.off_streak = 0  # consecutive steps run with k = 0
         self.on_streak = 0  # speculative steps since the last plain step measured
@@ -150,14 +158,18 @@ class Planner:
             self.acceptance_by_sampling[setting] = {
                 w: AcceptanceEstimate(self.max_k, self.prior_acceptance, self.smoothing, self.prior_rows)
                 for w in range(1, self.widest + 1)}
+        if self.acceptance is not self.acceptance_by_sampling[setting]:
+            self._plain_holds.clear()  # chosen under the last setting's acceptance
+            self._plain_waits.clear()
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
-        self._plain_holds.clear()  # chosen under the last setting's acceptance
 
     def prefilled(self, weights_changed: bool = False) -> None:
         """A prefill (a call's prompts, or the live rows' cache after an in-flight weight update) just ran, the
         first after a weight load or not: the next step is not fitted, and the next speculative step pays the
         proposer's setup (module docstring)."""
         self._after_prefill = True
+        if weights_changed != self._weights_changed:  # the setup priced changes (rule 8a): price again
+            self._plain_holds.clear()
         self._set_up, self._weights_changed = False, weights_changed
 
     def retired(self, lengths: list[int], stopped: list[bool]) -> None:
@@ -294,8 +306,13 @@ class Planner:
             speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
         seconds = [self.plain_seconds(batch)] + speculative
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
-        if not best:  # plain wherever the rows are: it stands
-            self._plain_holds[batch.bit_length()] = self.reprice_every - 1
+        if not best:  # plain wherever the rows are: it stands, longer each time pricing says so again
+            wait = self._plain_waits.get(here)
+            wait = self._plain_waits[here] = min(2 * wait, self.reprice_max) if wait else self.reprice_every
+            paying = self.probe_debt / max(self.probe_share * self.plain_seconds(batch), 1e-12)
+            due = max(self.refresh_wait - self.off_streak, paying)  # steps until a refresh may run (rule 8),
+            self._plain_holds[here] = int(max(min(wait, due), self.reprice_every)) - 1  # which longer holds must
+            # not put off
             return StepPlan(*allowed[0], "priced-plain")
         if generated is not None:
             curves = self._expected_curves(self._go_on(generated))
@@ -378,8 +395,10 @@ class Planner:
             self._last_k = 0
             return
         after_speculation, self._last_k = self._last_k > 0, k
-        if k:
+        if k:  # what it measured is priced at each range's next step; a wait starts again once speculation won
             self._plain_holds.clear()
+            if self.last.reason == "priced":
+                self._plain_waits.clear()
             self.on_streak += 1
         if not first:  # the first step after a prefill runs on caches it left cold (module docstring)
             self.verify_times.add(batch, k, seconds - draft_seconds, width)
