@@ -126,7 +126,7 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        self._plain_waits: dict[int, int] = {}  # batch range -> the hold its last pricing that chose plain set
+        self._plain_waits: dict[int, int] = {}  # batch range -> the wait its last pricing that chose plain set
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.acceptance: dict[int, AcceptanceEstimate] | None = None  # the current setting's (`use_sampling`)
         self.use_sampling(None)
@@ -306,13 +306,8 @@ class Planner:
             speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
         seconds = [self.plain_seconds(batch)] + speculative
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
-        if not best:  # plain wherever the rows are: it stands, longer each time pricing says so again
-            wait = self._plain_waits.get(here)
-            wait = self._plain_waits[here] = min(2 * wait, self.reprice_max) if wait else self.reprice_every
-            paying = self.probe_debt / max(self.probe_share * self.plain_seconds(batch), 1e-12)
-            due = max(self.refresh_wait - self.off_streak, paying)  # steps until a refresh may run (rule 8),
-            self._plain_holds[here] = int(max(min(wait, due), self.reprice_every)) - 1  # which longer holds must
-            # not put off
+        if not best:  # plain wherever the rows are: it stands
+            self._hold_plain(batch)
             return StepPlan(*allowed[0], "priced-plain")
         if generated is not None:
             curves = self._expected_curves(self._go_on(generated))
@@ -320,6 +315,17 @@ class Planner:
         if best:
             self.refresh_wait = self.refresh_every
         return StepPlan(*allowed[best], "priced" if best else "priced-plain")
+
+    def _hold_plain(self, batch: int) -> None:
+        """Pricing chose plain decoding at this batch size: it stands unpriced there for `reprice_every` steps,
+        twice as long as last time if the last pricing there chose plain too, up to `reprice_max`; a hold past
+        `reprice_every` ends where a refresh may run (its wait passed, the probe debt paid off: rule 8)."""
+        here = batch.bit_length()
+        wait = self._plain_waits.get(here)
+        wait = self._plain_waits[here] = min(2 * wait, self.reprice_max) if wait else self.reprice_every
+        paying = self.probe_debt / max(self.probe_share * self.plain_seconds(batch), 1e-12)  # plain steps to pay it
+        refresh_in = max(self.refresh_wait - self.off_streak, paying)
+        self._plain_holds[here] = int(max(min(wait, refresh_in), self.reprice_every)) - 1
 
     def _allowed_options(self, batch: int, room: int | None) -> list[tuple[int, int]]:
         """The options allowed at this batch size and room, plain decoding first, listed once per size and
