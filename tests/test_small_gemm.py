@@ -50,6 +50,22 @@ def test_the_avx512_and_avx2_kernels_give_the_same_bits():
     assert torch.equal(small_gemm.matmul(x, small_gemm.pack(w, 16), 333), small_gemm.matmul(x, small_gemm.pack(w, 8), 333))
 
 
+def test_the_fp32_kernel_can_be_pinned_and_a_pin_this_cpu_cannot_run_is_named(monkeypatch):
+    native = small_gemm.fp32_block()
+    monkeypatch.setenv("SPECRL_FP32_KERNEL", "avx2")
+    assert small_gemm.pack(torch.randn(20, 8)).shape == (3, 8, 8)
+    assert Projection(torch.randn(20, 8), fast=True).packed.shape[-1] == 8
+    monkeypatch.setenv("SPECRL_FP32_KERNEL", "avx512")
+    if native == 16:
+        assert small_gemm.pack(torch.randn(20, 8)).shape == (2, 8, 16)
+    else:
+        with pytest.raises(ValueError, match="SPECRL_FP32_KERNEL='avx512': this CPU runs the fp32 kernels avx2$"):
+            small_gemm.pack(torch.randn(20, 8))
+    monkeypatch.setenv("SPECRL_FP32_KERNEL", "fp16")
+    with pytest.raises(ValueError, match="SPECRL_FP32_KERNEL='fp16': this CPU runs the fp32 kernels"):
+        small_gemm.pack(torch.randn(20, 8))
+
+
 @pytest.mark.parametrize("block", FP32_BLOCKS)
 def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_threads(block):
     generator = torch.Generator().manual_seed(0)

@@ -5,7 +5,8 @@ from memory; MKL's gemm for M >= 2 streams them slower than its gemv for M = 1, 
 this kernel verifying a few drafts cost far more than one decode step (the eager rows of
 docs/fast_path.md's kernel table). The kernel streams
 each weight from memory once for any M (see the .cpp) and is used for M <= MAX_ROWS; larger M goes
-to MKL. Blocks of 16 outputs on AVX-512, 8 on AVX2 (`fp32_block()`); the two give the same bits.
+to MKL. Blocks of 16 outputs on AVX-512, 8 on AVX2 (`fp32_block()`, pinned by $SPECRL_FP32_KERNEL); the two give
+the same bits.
 
     packed = pack(weight)              [N, K] -> [ceil(N/block), K, block], once per weight load or sync
     y = matmul(x, packed, N)           x [..., K] -> y [..., N]
@@ -184,9 +185,20 @@ def _blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
     return padded.view(-1, block, K).transpose(1, 2).contiguous()
 
 
+FP32_KERNEL_ENV = "SPECRL_FP32_KERNEL"  # pins the fp32 kernel: avx512 or avx2 (both give the same bits)
+
+
 def fp32_block() -> int:
-    """Outputs per block of the fp32 kernel this CPU runs: 16 on AVX-512, else 8 (AVX2)."""
-    return 8 if avx512_unavailable() else 16
+    """Outputs per block of the fp32 kernel this CPU runs: 16 on AVX-512, else 8 (AVX2); $SPECRL_FP32_KERNEL
+    (`avx512` or `avx2`) pins one, refused, naming the variable, where this CPU cannot run it."""
+    native = 8 if avx512_unavailable() else 16
+    pinned = os.environ.get(FP32_KERNEL_ENV)
+    if not pinned:
+        return native
+    runs = ("avx512", "avx2") if native == 16 else ("avx2",)
+    if pinned not in runs:
+        raise ValueError(f"{FP32_KERNEL_ENV}={pinned!r}: this CPU runs the fp32 kernels {', '.join(runs)}")
+    return 16 if pinned == "avx512" else 8
 
 
 def pack(weight: torch.Tensor, block: int | None = None) -> torch.Tensor:
