@@ -617,6 +617,20 @@ def test_every_choice_says_why_and_the_reasons_follow_the_rules():
     assert Planner(max_k=3).choose_step(4, room=1) == (0, 1, "no-room")
 
 
+def test_a_held_step_is_told_without_the_rows_and_counts_down_the_hold():
+    """The engine asks `held` before it reads the rows' room and lengths: None where the step is to be chosen, the
+    held plan (kept as `last`) for as many steps as the hold, and none for a planner without drafts or fixed K."""
+    planner = Planner(max_k=3)
+    assert planner.held(16) is None
+    planner._plain_holds[(16).bit_length()] = 2
+    assert planner.held(31) == (0, 1, "held") and planner.last == (0, 1, "held")  # 16 and 31 share a range
+    assert planner.choose_step(16, room=1) == (0, 1, "held")  # a hold stands before the room is looked at
+    assert planner.held(16) is None and planner.choose_step(16, room=1) == (0, 1, "no-room")
+    for other in (Planner(max_k=0), Planner(max_k=3, adaptive=False)):
+        other._plain_holds[(16).bit_length()] = 2
+        assert other.held(16) is None
+
+
 def test_the_engine_counts_its_steps_by_the_planners_reason():
     from specrl.backends import BackendConfig, make_backend
     from specrl.sampling import SamplingParams

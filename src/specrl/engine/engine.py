@@ -311,9 +311,11 @@ class RolloutEngine:
         B = batch.size
         step_start = time.perf_counter()
         speculating = self.planner.max_k > 0  # else nothing reads the planner's fits: it is not fed
-        generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
-        room = call.params.max_tokens - int(generated.min()) if speculating else None
-        plan = self.planner.choose_step(B, room, generated)
+        plan = self.planner.held(B)  # plain decoding standing unpriced needs no look at the rows
+        if plan is None:
+            generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
+            room = call.params.max_tokens - int(generated.min()) if speculating else None
+            plan = self.planner.choose_step(B, room, generated)
         k, width = plan.k, plan.width
         call.plan_reasons[plan.reason] = call.plan_reasons.get(plan.reason, 0) + 1
         tree = TreeShape(width, k) if width > 1 else None
@@ -333,16 +335,17 @@ class RolloutEngine:
             call.width_histogram[width] = call.width_histogram.get(width, 0) + 1
         call.steps += 1
         done, stopped, kept = self._apply_stop_rules(batch, emitted, num_emitted, call)
+        any_done = bool(done.any())
         step_seconds = time.perf_counter() - step_start
         if speculating:
             setup = proposal.setup_seconds  # one-off work (a rebuild), not what this option costs a step
             self.planner.observe(B, k, step_seconds - setup, per_pos, draft_seconds=draft_seconds - setup,
-                                 width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()),
+                                 width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()) if any_done else 0,
                                  setup_seconds=setup)
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         self._price_as_plain(call, B, k, step_seconds, kept)
-        if done.any():
+        if any_done:  # (a stopped row is done)
             self._retire(batch, done, stopped, call)
 
     def _price_as_plain(self, call: CallState, B: int, k: int, seconds: float, kept: int) -> None:

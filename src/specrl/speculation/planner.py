@@ -268,16 +268,25 @@ class Planner:
         self.last = self._choose(batch, room, generated)
         return self.last
 
+    def held(self, batch: int) -> StepPlan | None:
+        """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
+        where `choose_step` decides, with the rows' room and lengths (which held steps need not be told)."""
+        here = batch.bit_length()
+        if not (self.adaptive and self.max_k and self._plain_holds.get(here)):
+            return None
+        self._plain_holds[here] -= 1
+        self.last = StepPlan(0, 1, "held")
+        return self.last
+
     def _choose(self, batch: int, room: int | None, generated) -> StepPlan:
         if self.max_k == 0:
             return StepPlan(0, 1, "off")
         if not self.adaptive:
             return StepPlan(self.max_k, self.fixed_width, "fixed")
+        if self.held(batch):  # priced in this range lately, and plain decoding chosen
+            return self.last
         if room is not None and room <= 1:  # no draft could be kept
             return StepPlan(0, 1, "no-room")
-        if self._plain_holds.get(batch.bit_length()):  # priced in this range lately, and plain decoding chosen
-            self._plain_holds[batch.bit_length()] -= 1
-            return StepPlan(0, 1, "held")
         refresh = min(self.max_k, self.refresh_k), 1
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
                 and not self.probe_debt \
