@@ -574,6 +574,22 @@ def test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often():
     assert at[:2] == [0, 8]
 
 
+def test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short():
+    """A hold ends where a refresh may run, but a refresh runs only where it could pay: where even drafts that
+    were all kept could not beat plain decoding, the wait between pricings doubles as if refreshes were off."""
+    planner = Planner(max_k=3)  # refreshes due every refresh_every plain steps
+    drafts = lambda k: 0.016 * k  # noqa: E731  a draft pass costs a plain step at 16 rows, so no draft could pay
+    reasons = []
+    for _ in range(400):
+        plan = planner.choose_step(16)
+        reasons.append(plan.reason)
+        k = plan.k
+        planner.observe(16, k, 0.016 * (1 + k) + drafts(k), [8] * k, draft_seconds=drafts(k))
+    at = [step for step, reason in enumerate(reasons) if reason == "priced-plain"]
+    gaps = [later - earlier for earlier, later in zip(at, at[1:])]
+    assert "refresh" not in reasons and gaps[:5] == [8, 16, 32, 64, 64] and set(gaps[5:]) == {64}
+
+
 def test_the_first_step_after_a_prefill_is_not_fitted():
     """The first step after a prefill (each call's here) runs on caches the prefill left cold (on `tiny` at
     batch 64, 1.6 against 1.1 ms); fitted, it priced plain decoding dear and turned on a k = 1 that lost."""

@@ -42,7 +42,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     step ends the holds (what it measured is priced next), as does a call of the other kind than the last
     (after a weight load or not: rule 8a); a wait past `reprice_every` ends where a refresh may run (rule 8).
     `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`,
-    `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`
+    `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`,
+    `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`
 11. No draft past the room a row has left before max_tokens. `test_no_step_drafts_past_the_room_rows_have_left`
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
@@ -287,7 +288,7 @@ class Planner:
             return self.last
         if room is not None and room <= 1:  # no draft could be kept
             return StepPlan(0, 1, "no-room")
-        refresh = min(self.max_k, self.refresh_k), 1
+        refresh = self._refresh_option()
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
                 and not self.probe_debt \
                 and self._could_pay(refresh, batch, cheapest_drafts=True):
@@ -328,13 +329,19 @@ class Planner:
     def _hold_plain(self, batch: int) -> None:
         """Pricing chose plain decoding at this batch size: it stands unpriced there for `reprice_every` steps,
         twice as long as last time if the last pricing there chose plain too, up to `reprice_max`; a hold past
-        `reprice_every` ends where a refresh may run (its wait passed, the probe debt paid off: rule 8)."""
+        `reprice_every` ends where a refresh may run (its wait passed, the probe debt paid off, and it could pay:
+        rule 8)."""
         here = batch.bit_length()
         wait = self._plain_waits.get(here)
         wait = self._plain_waits[here] = min(2 * wait, self.reprice_max) if wait else self.reprice_every
-        paying = self.probe_debt / max(self.probe_share * self.plain_seconds(batch), 1e-12)  # plain steps to pay it
-        refresh_in = max(self.refresh_wait - self.off_streak, paying)
-        self._plain_holds[here] = int(max(min(wait, refresh_in), self.reprice_every)) - 1
+        if self._could_pay(self._refresh_option(), batch, cheapest_drafts=True):  # else no refresh could run
+            paying = self.probe_debt / max(self.probe_share * self.plain_seconds(batch), 1e-12)  # steps to pay it
+            wait = min(wait, max(self.refresh_wait - self.off_streak, paying))
+        self._plain_holds[here] = int(max(wait, self.reprice_every)) - 1
+
+    def _refresh_option(self) -> tuple[int, int]:
+        """A refresh's (k, width): a chain of min(max_k, refresh_k) drafts (rule 8)."""
+        return min(self.max_k, self.refresh_k), 1
 
     def _allowed_options(self, batch: int, room: int | None) -> list[tuple[int, int]]:
         """The options allowed at this batch size and room, plain decoding first, listed once per size and
