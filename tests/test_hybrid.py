@@ -64,12 +64,13 @@ def test_a_step_whose_suffix_lookups_found_nothing_drafts_with_the_model_and_doe
     hybrid.start(tokens, num_tokens, SamplingParams())
     hybrid.observe({-1: hidden[-1][:, :5]}, torch.tensor([0]), num_tokens - 1, tokens)
     generator = torch.Generator().manual_seed(0)
-    hybrid.cost["model"] = 0.01  # measured: the model draft costs as much as the rest of a step
     # both parts' found drafts accepted 0.9 a position lately (held with the weight of 1000 rows): a model step is
     # worth 1 + 2.44 tokens in 0.02 s; a suffix step that found nothing 1 token in 0.01 s
     hybrid.estimates = {part: AcceptanceEstimate(8, 0.9, prior_rows=1000) for part in ("model", "suffix")}
     before = list(hybrid.estimates["suffix"].trials)
     for step in range(3):
+        hybrid.cost["model"] = 0.01  # measured: the model draft costs as much as the rest of a step (set at each
+        # step: on a busy machine the proposals' own times would move it)
         context = ProposalContext(tokens, num_tokens, SamplingParams(), generator, 40, groups=torch.tensor([0]),
                                   verify_seconds=0.01)
         proposal = hybrid.propose(context, 3)

@@ -102,8 +102,10 @@ def test_the_packed_step_equals_the_padded_step(tmp_path, sampling, case):
     assert stats["kl"] == pytest.approx(reference["kl"], rel=1e-4, abs=1e-7)
     assert stats["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
     assert reference["grad_norm"] > 0 and (grpo.get("kl_coef", 0) == 0 or reference["kl"] > 0)
-    for name, grad in padded_grads.items():
-        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    for name, grad in padded_grads.items():  # to fp32 rounding of the tensor's scale (the sums' order differs: on
+        # AVX-512 one element of 6e-4 in a tensor reaching 15 differed by 1.5e-6)
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6 * max(1.0, float(grad.abs().max())),
+                                   msg=name)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -647,6 +647,69 @@ def test_a_held_step_is_told_without_the_rows_and_counts_down_the_hold():
         assert other.held(16) is None
 
 
+def test_a_call_where_no_draft_could_pay_runs_as_plain_decoding():
+    """On `tiny` a head's pass costs a target pass: no k pays at any batch size, yet an engine with the head
+    attached spent ~5% more per call than a plain one on the steps it held plain (its hidden states, its start,
+    the planner). Once no option could pay in any range a call's drain reaches, `plain_call` says the call runs
+    as plain decoding; after refresh_max steps of such calls a normal call re-measures; drafts that could pay
+    somewhere keep calls normal."""
+    def plain(b):
+        return 0.001 + 0.00002 * b  # overhead-bound, like `tiny`
+
+    def run_call(planner, draft_cost):
+        planner.prefilled()
+        for rows in [16] * 8 + [8] * 8 + [4] * 8 + [2] * 8 + [1] * 8:  # a drain
+            k = planner.choose_step(rows).k
+            drafts = k * draft_cost(rows)
+            planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows // 2] * k, draft_seconds=drafts)
+
+    planner = Planner(max_k=3)
+    assert not planner.plain_call(16)  # nothing measured yet
+    calls = 0
+    while not planner.plain_call(16) and calls < 50:
+        run_call(planner, plain)  # a draft pass costs a target pass: never pays
+        calls += 1
+    assert planner.plain_call(16) and planner.plain_call(3)
+    for _ in range(-(-planner.refresh_max // 40)):
+        assert planner.plain_call(16)
+        planner.ran_plain_call(40)
+    assert not planner.plain_call(16)  # a normal call re-measures
+    run_call(planner, plain)
+    assert planner.plain_call(16)
+
+    cheap = Planner(max_k=3)
+    for _ in range(calls + 5):
+        run_call(cheap, lambda b: plain(b) / 20)
+    assert not cheap.plain_call(16)
+    assert not Planner(max_k=0).plain_call(16) and not Planner(max_k=3, adaptive=False).plain_call(16)
+
+
+def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer():
+    """Exactness: a plain call is plain decoding, token for token and logprob for logprob against an engine
+    without a proposer on the same seeds; the head is not started and reads no hidden states."""
+    from specrl.backends import BackendConfig, make_backend
+    from specrl.sampling import SamplingParams
+
+    prompts = ["Q:12+34\nA:", "Q:7+8\nA:"]
+    plain = make_backend(BackendConfig(model="tiny", proposer="none"))
+    spec = make_backend(BackendConfig(model="tiny", proposer="eagle3"))
+    engine = spec.engine
+    engine.planner.min_gain = 1e9  # no option could pay anywhere once plain steps are measured
+    starts, observed = [], []
+    start, observe = engine.proposer.start, engine.proposer.observe
+    engine.proposer.start = lambda *a, **kw: starts.append(1) or start(*a, **kw)
+    engine.proposer.observe = lambda *a, **kw: observed.append(1) or observe(*a, **kw)
+    for seed in range(6):
+        params = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=seed)
+        ours, theirs = spec.generate(prompts, params), plain.generate(prompts, params)
+        assert [c.token_ids for c in ours.completions] == [c.token_ids for c in theirs.completions]
+        assert [c.logprobs for c in ours.completions] == [c.logprobs for c in theirs.completions]
+    assert ours.plan_reasons == {"plain-call": ours.steps}
+    starts.clear(), observed.clear()
+    spec.generate(prompts, params)
+    assert not starts and not observed
+
+
 def test_the_engine_counts_its_steps_by_the_planners_reason():
     from specrl.backends import BackendConfig, make_backend
     from specrl.sampling import SamplingParams

@@ -78,7 +78,9 @@ def test_two_gloo_ranks_train_like_one(local_ray, tmp_path):
             two = group.step(prompts, responses, behaviour, advantages)
             assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)
             assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
-            assert two["logprob_abs_error_max"] == pytest.approx(one["logprob_abs_error_max"], rel=1e-5)
+            # the largest |engine logprob - trainer logprob|: fp32 rounding (~3e-6), whose last bits differ with
+            # how each side packs its micro-batches (2.4e-6 against 2.9e-6 on AVX-512)
+            assert two["logprob_abs_error_max"] == pytest.approx(one["logprob_abs_error_max"], abs=2e-6)
         want, got = single.state_dict(), group.state_dict()
         assert set(got) == set(want)
         moved = max(float((want[k] - start[k]).abs().max()) for k in want)

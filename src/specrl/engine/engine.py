@@ -45,7 +45,7 @@ from specrl.models.kv_cache import KVCache, retired_rows_order
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
 from specrl.speculation.block_verify import block_verify
-from specrl.speculation.planner import Planner
+from specrl.speculation.planner import PLAIN_CALL, Planner
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
 from specrl.speculation.proposer_registry import speculative_tokens
 from specrl.speculation.tree import TreeShape, verify_tree
@@ -131,6 +131,8 @@ class CallState:
     weight_update_seconds: float = 0.0  # in the between-steps hook and the cache recomputes after a load
     cached_prompt_tokens: int = 0  # over the call's distinct prompts, tokens whose K/V were copied (from the
     # prefix cache, or from the call's first prompt where all its prompts begin alike)
+    plain: bool = False  # the planner found no step of this call could speculate: it runs as plain decoding, its
+    # proposer not started and no hidden states kept at its steps (`Planner.plain_call`)
 
 
 class RolloutEngine:
@@ -193,7 +195,8 @@ class RolloutEngine:
         call = CallState(params=params,
                          generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
                          stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long),
-                         outputs=[None] * (len(prompts) * params.n))
+                         outputs=[None] * (len(prompts) * params.n),
+                         plain=self.proposer is not None and self.planner.plain_call(len(prompts) * params.n))
         batch = self._prefill(prompts, call)
         self.generating = True
         try:
@@ -203,6 +206,8 @@ class RolloutEngine:
                     self._between_steps(batch, call, between_steps)
         finally:
             self.generating = False
+        if call.plain:
+            self.planner.ran_plain_call(call.steps)
         return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,
                               steps=call.steps, k_histogram=call.k_histogram, draft_seconds=call.draft_seconds,
                               width_histogram=call.width_histogram, trace=call.trace,
@@ -232,10 +237,10 @@ class RolloutEngine:
             _, hidden = self.model.forward(tokens[:, : int(batch.num_tokens.max()) - 1], batch.cache,
                                            hidden_layers=self.hidden_layers, logits=False)
             batch.cache.lens = batch.num_tokens - 1
-            if self.proposer is not None:
+            if self.proposer is not None and not call.plain:
                 self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
-            self.planner.prefilled(weights_changed=True)
-            self._prefilled_version = self.version
+                self.planner.prefilled(weights_changed=True)
+                self._prefilled_version = self.version
             call.weight_updates += 1
         call.weight_update_seconds += time.perf_counter() - start
 
@@ -252,17 +257,18 @@ class RolloutEngine:
         cache = self.model.new_cache(P, width)
         hidden = self._prefill_cache(tokens, lengths, cache, call)
         cache.lens = lengths - 1
-        self.planner.prefilled(weights_changed=self.version != self._prefilled_version)
-        self._prefilled_version = self.version
-        if self.proposer is not None:
-            draft_start = time.perf_counter()
-            self.proposer.start(tokens, lengths, call.params)
-            if hidden:
-                self.proposer.observe(hidden, torch.zeros_like(lengths), lengths - 1, tokens)
-            call.draft_seconds += time.perf_counter() - draft_start
+        if not call.plain:  # a plain call's prefill keeps hidden states all the same (the prefix cache holds them)
+            self.planner.prefilled(weights_changed=self.version != self._prefilled_version)
+            self._prefilled_version = self.version
+            if self.proposer is not None:
+                draft_start = time.perf_counter()
+                self.proposer.start(tokens, lengths, call.params)
+                if hidden:
+                    self.proposer.observe(hidden, torch.zeros_like(lengths), lengths - 1, tokens)
+                call.draft_seconds += time.perf_counter() - draft_start
         group = torch.arange(P).repeat_interleave(n)  # [B] prompt of each row
         cache.select_rows(group)
-        if self.proposer is not None:
+        if self.proposer is not None and not call.plain:
             self.proposer.select_rows(group)
         return LiveBatch(slots=torch.arange(P * n), tokens=tokens[group], num_tokens=lengths[group],
                          prompt_len=lengths[group], token_lp=torch.zeros(P * n, width),
@@ -310,8 +316,8 @@ class RolloutEngine:
     def _step(self, batch: LiveBatch, call: CallState) -> None:
         B = batch.size
         step_start = time.perf_counter()
-        speculating = self.planner.max_k > 0  # else nothing reads the planner's fits: it is not fed
-        plan = self.planner.held(B)  # plain decoding standing unpriced needs no look at the rows
+        speculating = self.planner.max_k > 0 and not call.plain  # else nothing reads the planner's fits: not fed
+        plan = PLAIN_CALL if call.plain else self.planner.held(B)  # neither needs a look at the rows
         if plan is None:
             generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
             room = call.params.max_tokens - int(generated.min()) if speculating else None
@@ -320,7 +326,7 @@ class RolloutEngine:
         call.plan_reasons[plan.reason] = call.plan_reasons.get(plan.reason, 0) + 1
         tree = TreeShape(width, k) if width > 1 else None
         proposal, draft_seconds = self._propose(batch, call, k, width)
-        probs, logprobs, hidden = self._score(batch, proposal, call.params, tree)
+        probs, logprobs, hidden = self._score(batch, proposal, call, tree)
         if tree is None:
             emitted, num_emitted = self.verify_chain(proposal.tokens, proposal.probs, probs, call.generator)
         else:
@@ -375,16 +381,16 @@ class RolloutEngine:
         proposal = self.proposer.propose(context, k) if width == 1 else self.proposer.propose_tree(context, k, width)
         return proposal, time.perf_counter() - start
 
-    def _score(self, batch: LiveBatch, proposal: Proposal | TreeProposal, params: SamplingParams,
-               tree: TreeShape | None):
+    def _score(self, batch: LiveBatch, proposal: Proposal | TreeProposal, call: CallState, tree: TreeShape | None):
         """The target's pass over [last token, drafts] (a tree's nodes in `TreeShape` order) ->
-        (p [B, T, V], logprobs [B, T, V], hidden states), T = k + 1 or the tree's size."""
+        (p [B, T, V], logprobs [B, T, V], hidden states; none in a plain call), T = k + 1 or the tree's size."""
         last = batch.tokens[torch.arange(batch.size), batch.num_tokens - 1].unsqueeze(1)  # [B, 1]
         drafted = proposal.tokens if tree is None else \
             torch.cat([proposal.candidates.unsqueeze(2), proposal.drafts], dim=2).flatten(1)
         feed = torch.cat([last, drafted], dim=1)
-        logits, hidden = self.model.forward(feed, batch.cache, hidden_layers=self.hidden_layers, tree=tree)
-        probs, logprobs = sampling_distribution(logits, params)
+        logits, hidden = self.model.forward(feed, batch.cache, hidden_layers=() if call.plain else self.hidden_layers,
+                                            tree=tree)
+        probs, logprobs = sampling_distribution(logits, call.params)
         return probs, logprobs, hidden
 
     def _verify_tree(self, batch: LiveBatch, proposal: TreeProposal, probs, logprobs, hidden, tree: TreeShape,
@@ -453,7 +459,7 @@ class RolloutEngine:
             self.planner.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
         keep = retired_rows_order(done)  # the cache then copies only the rows that move
         batch.keep(keep)
-        if self.proposer is not None:
+        if self.proposer is not None and not call.plain:
             self.proposer.select_rows(keep)
 
     @staticmethod

@@ -47,6 +47,10 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 11. No draft past the room a row has left before max_tokens. `test_no_step_drafts_past_the_room_rows_have_left`
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
+14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
+    hidden states at its steps) where no option could pay at any batch size its drain reaches, with every
+    draft kept and each at the cheapest pass measured in its range; a normal call runs again after
+    `refresh_max` steps of such calls, re-measuring. `test_a_call_where_no_draft_could_pay_runs_as_plain_decoding`
 """
 from __future__ import annotations
 
@@ -79,6 +83,9 @@ class StepPlan(NamedTuple):
     reason: str
 
 
+PLAIN_CALL = StepPlan(0, 1, "plain-call")  # every step of a call `Planner.plain_call` let run plainly
+
+
 REASONS = {  # why `choose_step` chose a step; the engine counts them per call (`GenerateResult.plan_reasons`)
     "off": "no proposer: every step decodes plainly",
     "fixed": "adaptive K is off: every step runs max_k drafts (as a tree of fixed_width)",
@@ -90,6 +97,7 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "plain-fit": "a plain step among speculative ones keeps the plain step's time fit current",
     "priced-plain": "priced: no option beats plain decoding's expected tokens per second by min_gain",
     "priced": "priced: this option's expected tokens per second beat plain decoding's by min_gain",
+    "plain-call": "no option could pay at any batch size of the call: it runs as plain decoding, no proposer started",
 }
 
 
@@ -151,6 +159,8 @@ class Planner:
         self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
+        self._plain_calls: dict[int, bool] = {}  # rows -> `plain_call`, until the next observed step
+        self._plain_call_steps = 0  # steps run in plain calls since the last observed step
 
     def use_sampling(self, setting) -> None:
         """Estimate acceptance apart for this sampling setting (any hashable, e.g. (temperature, top_p,
@@ -268,6 +278,23 @@ class Planner:
         The plan is also kept as `last`, which `observe` reads."""
         self.last = self._choose(batch, room, generated)
         return self.last
+
+    def plain_call(self, rows: int) -> bool:
+        """Whether a call of `rows` rows runs as plain decoding from start to end (rule 14): no option could pay
+        at `rows` or at any power of two below it (the drain's batch ranges), even with every draft kept and
+        each at the cheapest pass measured there; false once such calls ran `refresh_max` steps since the last
+        observed step, so that a normal call re-measures."""
+        if not (self.adaptive and self.max_k) or self._plain_call_steps >= self.refresh_max:
+            return False
+        if rows not in self._plain_calls:
+            sizes = {rows} | {1 << i for i in range(rows.bit_length())}
+            self._plain_calls[rows] = not any(self._could_pay(option, size, cheapest_drafts=True)
+                                              for size in sizes for option in self.options[1:])
+        return self._plain_calls[rows]
+
+    def ran_plain_call(self, steps: int) -> None:
+        """A call `plain_call` allowed ran `steps` steps (none observed)."""
+        self._plain_call_steps += steps
 
     def held(self, batch: int) -> StepPlan | None:
         """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
@@ -394,6 +421,9 @@ class Planner:
         position along the accepted path how many rows accepted it, the tokens its rows kept and how
         many rows a stop token or string ended; `setup_seconds`: the proposer's one-off work in the step,
         left out of `seconds` (not what the option costs a step, but what a call pays to start: rules 8, 8a)."""
+        if self._plain_calls:  # what `plain_call` found rests on the fits this step may change
+            self._plain_calls.clear()
+        self._plain_call_steps = 0
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
         elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
