@@ -647,41 +647,38 @@ def test_a_held_step_is_told_without_the_rows_and_counts_down_the_hold():
         assert other.held(16) is None
 
 
-def test_a_call_where_no_draft_could_pay_runs_as_plain_decoding():
-    """On `tiny` a head's pass costs a target pass: no k pays at any batch size, yet an engine with the head
-    attached spent ~5% more per call than a plain one on the steps it held plain (its hidden states, its start,
-    the planner). Once no option could pay in any range a call's drain reaches, `plain_call` says the call runs
-    as plain decoding; after refresh_max steps of such calls a normal call re-measures; drafts that could pay
-    somewhere keep calls normal."""
+def test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding():
+    """On `tiny` the heads' drafts are rarely kept: pricing holds plain decoding, yet an engine with a head attached
+    spent ~5% more per call than a plain one (its hidden states, its start, the planner). A call whose every
+    batch range prices plain, with nothing left to explore and no refresh due before it ends, runs as plain
+    decoding; its steps count towards the refresh, which a later normal call runs; drafts that pay keep every
+    call normal."""
     def plain(b):
         return 0.001 + 0.00002 * b  # overhead-bound, like `tiny`
 
-    def run_call(planner, draft_cost):
+    def run_call(planner, kept):
+        if planner.plain_call(16, 40):
+            planner.ran_plain_call(40, 40 * plain(16))
+            return True
         planner.prefilled()
         for rows in [16] * 8 + [8] * 8 + [4] * 8 + [2] * 8 + [1] * 8:  # a drain
             k = planner.choose_step(rows).k
-            drafts = k * draft_cost(rows)
-            planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows // 2] * k, draft_seconds=drafts)
+            drafts = k * plain(rows) / 3  # a draft pass costs a third of a target pass: pays if drafts are kept
+            planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows * kept] * k, draft_seconds=drafts)
+        return False
 
     planner = Planner(max_k=3)
-    assert not planner.plain_call(16)  # nothing measured yet
-    calls = 0
-    while not planner.plain_call(16) and calls < 50:
-        run_call(planner, plain)  # a draft pass costs a target pass: never pays
-        calls += 1
-    assert planner.plain_call(16) and planner.plain_call(3)
-    for _ in range(-(-planner.refresh_max // 40)):
-        assert planner.plain_call(16)
-        planner.ran_plain_call(40)
-    assert not planner.plain_call(16)  # a normal call re-measures
-    run_call(planner, plain)
-    assert planner.plain_call(16)
+    assert not planner.plain_call(16, 40)  # nothing measured yet
+    plain_calls = [run_call(planner, kept=0) for _ in range(60)]  # no draft is ever kept
+    first = plain_calls.index(True)
+    assert sum(plain_calls) >= 30 and not all(plain_calls[first:])  # mostly plain calls; normal ones refresh
+    assert planner.acceptance[1].prefix[0] < 0.2
+    planner.off_streak, planner.probe_debt = planner.refresh_wait, 0.0  # a refresh is due: the call runs normally
+    assert not planner.plain_call(16, 40)
 
-    cheap = Planner(max_k=3)
-    for _ in range(calls + 5):
-        run_call(cheap, lambda b: plain(b) / 20)
-    assert not cheap.plain_call(16)
-    assert not Planner(max_k=0).plain_call(16) and not Planner(max_k=3, adaptive=False).plain_call(16)
+    paying = Planner(max_k=3)
+    assert not any(run_call(paying, kept=1) for _ in range(20))
+    assert not Planner(max_k=0).plain_call(16, 40) and not Planner(max_k=3, adaptive=False).plain_call(16, 40)
 
 
 def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer():

@@ -196,7 +196,8 @@ class RolloutEngine:
                          generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
                          stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long),
                          outputs=[None] * (len(prompts) * params.n),
-                         plain=self.proposer is not None and self.planner.plain_call(len(prompts) * params.n))
+                         plain=self.proposer is not None
+                         and self.planner.plain_call(len(prompts) * params.n, params.max_tokens))
         batch = self._prefill(prompts, call)
         self.generating = True
         try:
@@ -207,7 +208,7 @@ class RolloutEngine:
         finally:
             self.generating = False
         if call.plain:
-            self.planner.ran_plain_call(call.steps)
+            self.planner.ran_plain_call(call.steps, call.step_seconds)
         return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,
                               steps=call.steps, k_histogram=call.k_histogram, draft_seconds=call.draft_seconds,
                               width_histogram=call.width_histogram, trace=call.trace,

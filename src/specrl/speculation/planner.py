@@ -48,9 +48,10 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
-    hidden states at its steps) where no option could pay at any batch size its drain reaches, with every
-    draft kept and each at the cheapest pass measured in its range; a normal call runs again after
-    `refresh_max` steps of such calls, re-measuring. `test_a_call_where_no_draft_could_pay_runs_as_plain_decoding`
+    hidden states at its steps) where pricing chooses plain at every batch range its drain reaches, no option
+    left to explore could pay there, and no refresh could come due before it ends; its steps count towards the
+    refresh wait, and a normal call runs after `refresh_max` such steps in a row.
+    `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "plain-fit": "a plain step among speculative ones keeps the plain step's time fit current",
     "priced-plain": "priced: no option beats plain decoding's expected tokens per second by min_gain",
     "priced": "priced: this option's expected tokens per second beat plain decoding's by min_gain",
-    "plain-call": "no option could pay at any batch size of the call: it runs as plain decoding, no proposer started",
+    "plain-call": "pricing chose plain at every batch size of the call, and no explore or refresh was due: the call "
+                  "runs as plain decoding, its proposer not started",
 }
 
 
@@ -159,7 +161,9 @@ class Planner:
         self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
-        self._plain_calls: dict[int, bool] = {}  # rows -> `plain_call`, until the next observed step
+        # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range),
+        # until the next observed step (`plain_call`)
+        self._plain_calls: dict[int, tuple[bool, bool]] = {}
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
 
     def use_sampling(self, setting) -> None:
@@ -279,22 +283,36 @@ class Planner:
         self.last = self._choose(batch, room, generated)
         return self.last
 
-    def plain_call(self, rows: int) -> bool:
-        """Whether a call of `rows` rows runs as plain decoding from start to end (rule 14): no option could pay
-        at `rows` or at any power of two below it (the drain's batch ranges), even with every draft kept and
-        each at the cheapest pass measured there; false once such calls ran `refresh_max` steps since the last
-        observed step, so that a normal call re-measures."""
-        if not (self.adaptive and self.max_k) or self._plain_call_steps >= self.refresh_max:
+    def plain_call(self, rows: int, max_tokens: int) -> bool:
+        """Whether a call of `rows` rows, each emitting at most `max_tokens`, runs as plain decoding from start to
+        end (rule 14): pricing chooses plain at `rows` and at each power of two below it (the drain's batch
+        ranges), no option left to explore could pay there, and no refresh could come due within the call; false
+        once such calls ran `refresh_max` steps since the last observed step."""
+        if not (self.adaptive and self.max_k and self.plain_times.fitted) or self._plain_call_steps >= self.refresh_max:
             return False
         if rows not in self._plain_calls:
-            sizes = {rows} | {1 << i for i in range(rows.bit_length())}
-            self._plain_calls[rows] = not any(self._could_pay(option, size, cheapest_drafts=True)
-                                              for size in sizes for option in self.options[1:])
-        return self._plain_calls[rows]
+            sizes = sorted({rows} | {1 << i for i in range(rows.bit_length())})
+            plain = all(self._prices_plain(size) for size in sizes)
+            refresh = any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True) for size in sizes)
+            self._plain_calls[rows] = plain, refresh
+        plain, refresh = self._plain_calls[rows]
+        paid_off = self.probe_debt <= self.probe_share * max_tokens * self.plain_seconds(rows)  # within the call
+        return plain and not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
 
-    def ran_plain_call(self, steps: int) -> None:
-        """A call `plain_call` allowed ran `steps` steps (none observed)."""
+    def _prices_plain(self, batch: int) -> bool:
+        """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding, and no option left to
+        explore there could pay."""
+        if any(self._unexplored(option, batch) and self._could_pay(option, batch) for option in self.options[1:]):
+            return False
+        allowed, seconds, curves = self._priced(batch, None)
+        return best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0) == 0
+
+    def ran_plain_call(self, steps: int, seconds: float) -> None:
+        """A call `plain_call` allowed ran `steps` plain steps in `seconds` (none observed): they count towards a
+        refresh, and pay off the probes' debt as observed plain steps do (rule 8)."""
         self._plain_call_steps += steps
+        self.off_streak += steps
+        self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
 
     def held(self, batch: int) -> StepPlan | None:
         """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
@@ -330,18 +348,7 @@ class Planner:
                     return StepPlan(*option, "explore")
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
-        allowed = self._allowed_options(batch, room)
-        here = batch.bit_length()  # an option not run in this range: the fits would extrapolate (module docstring)
-        unfitted = [option for option in allowed[1:] if not self.samples[option][here]]
-        unfitted = dict(zip(unfitted, self._unfitted_seconds(batch, unfitted))) if unfitted else {}
-        speculative = [unfitted[k, w] if (k, w) in unfitted
-                       else self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
-                       for k, w in allowed[1:]]
-        curves = self._expected_curves()  # by the one rate: an upper bound on the rows' own (`_go_on`)
-        setup = self._setup_per_token(room)
-        if setup:
-            speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
-        seconds = [self.plain_seconds(batch)] + speculative
+        allowed, seconds, curves = self._priced(batch, room)
         best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
         if not best:  # plain wherever the rows are: it stands
             self._hold_plain(batch)
@@ -352,6 +359,22 @@ class Planner:
         if best:
             self.refresh_wait = self.refresh_every
         return StepPlan(*allowed[best], "priced" if best else "priced-plain")
+
+    def _priced(self, batch: int, room: int | None) -> tuple[list[tuple[int, int]], list[float], list[list[float]]]:
+        """What pricing weighs at `batch` rows: the options allowed (plain first), their step seconds (the call's
+        setup in, where not yet paid: rule 8a) and tau by the one stop rate (an upper bound on the rows' own)."""
+        allowed = self._allowed_options(batch, room)
+        here = batch.bit_length()  # an option not run in this range: the fits would extrapolate (module docstring)
+        unfitted = [option for option in allowed[1:] if not self.samples[option][here]]
+        unfitted = dict(zip(unfitted, self._unfitted_seconds(batch, unfitted))) if unfitted else {}
+        speculative = [unfitted[k, w] if (k, w) in unfitted
+                       else self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
+                       for k, w in allowed[1:]]
+        curves = self._expected_curves()
+        setup = self._setup_per_token(room)
+        if setup:
+            speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
+        return allowed, [self.plain_seconds(batch)] + speculative, curves
 
     def _hold_plain(self, batch: int) -> None:
         """Pricing chose plain decoding at this batch size: it stands unpriced there for `reprice_every` steps,
