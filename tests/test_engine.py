@@ -286,7 +286,7 @@ def test_the_planner_is_told_which_calls_follow_a_weight_load_and_what_their_fir
     sets up nothing."""
     engine = make_engine(target_dir, "int8", k=3, adaptive=True)
     engine.planner.prior_acceptance = 1.0
-    engine.planner.plain_call = lambda rows: False  # calls that may draft: on this target no draft pays (rule 14)
+    engine.planner.plain_call = lambda *_: False  # calls that may draft: on this target no draft pays (rule 14)
     seen = []
     prefilled = engine.planner.prefilled
     engine.planner.prefilled = lambda weights_changed=False: seen.append(weights_changed) or prefilled(weights_changed)

@@ -131,8 +131,8 @@ class CallState:
     weight_update_seconds: float = 0.0  # in the between-steps hook and the cache recomputes after a load
     cached_prompt_tokens: int = 0  # over the call's distinct prompts, tokens whose K/V were copied (from the
     # prefix cache, or from the call's first prompt where all its prompts begin alike)
-    plain: bool = False  # the planner found no step of this call could speculate: it runs as plain decoding, its
-    # proposer not started and no hidden states kept at its steps (`Planner.plain_call`)
+    plain: bool = False  # the planner runs this call as plain decoding (`Planner.plain_call`): its proposer is not
+    # started and no hidden states are kept at its steps
 
 
 class RolloutEngine:

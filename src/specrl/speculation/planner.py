@@ -137,6 +137,10 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
+        # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range),
+        # until the next observed step or sampling setting (`plain_call`)
+        self._plain_calls: dict[int, tuple[bool, bool]] = {}
+        self._plain_call_steps = 0  # steps run in plain calls since the last observed step
         self._plain_waits: dict[int, int] = {}  # batch range -> the wait its last pricing that chose plain set
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.acceptance: dict[int, AcceptanceEstimate] | None = None  # the current setting's (`use_sampling`)
@@ -161,10 +165,6 @@ class Planner:
         self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
-        # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range),
-        # until the next observed step (`plain_call`)
-        self._plain_calls: dict[int, tuple[bool, bool]] = {}
-        self._plain_call_steps = 0  # steps run in plain calls since the last observed step
 
     def use_sampling(self, setting) -> None:
         """Estimate acceptance apart for this sampling setting (any hashable, e.g. (temperature, top_p,
@@ -176,6 +176,7 @@ class Planner:
         if self.acceptance is not self.acceptance_by_sampling[setting]:
             self._plain_holds.clear()  # chosen under the last setting's acceptance
             self._plain_waits.clear()
+            self._plain_calls.clear()
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
 
     def prefilled(self, weights_changed: bool = False) -> None:
