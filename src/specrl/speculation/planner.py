@@ -49,7 +49,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
     hidden states at its steps) where pricing chooses plain at every batch range its drain reaches, no option
-    left to explore could pay there, and no refresh could come due before it ends; its steps count towards the
+    left to explore at its batch size could pay, and no refresh could come due before it ends; its steps count towards the
     refresh wait, and a normal call runs after `refresh_max` such steps in a row.
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`
 """
@@ -287,13 +287,15 @@ class Planner:
     def plain_call(self, rows: int, max_tokens: int) -> bool:
         """Whether a call of `rows` rows, each emitting at most `max_tokens`, runs as plain decoding from start to
         end (rule 14): pricing chooses plain at `rows` and at each power of two below it (the drain's batch
-        ranges), no option left to explore could pay there, and no refresh could come due within the call; false
-        once such calls ran `refresh_max` steps since the last observed step."""
+        ranges), no option left to explore at `rows` could pay (the drain's smaller ranges explore in the calls
+        that run normally: a drain reaches them with little room), and no refresh could come due within the call;
+        false once such calls ran `refresh_max` steps since the last observed step."""
         if not (self.adaptive and self.max_k and self.plain_times.fitted) or self._plain_call_steps >= self.refresh_max:
             return False
         if rows not in self._plain_calls:
             sizes = sorted({rows} | {1 << i for i in range(rows.bit_length())})
-            plain = all(self._prices_plain(size) for size in sizes)
+            explore = any(self._unexplored(option, rows) and self._could_pay(option, rows) for option in self.options[1:])
+            plain = not explore and all(self._prices_plain(size) for size in sizes)
             refresh = any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True) for size in sizes)
             self._plain_calls[rows] = plain, refresh
         plain, refresh = self._plain_calls[rows]
@@ -301,10 +303,7 @@ class Planner:
         return plain and not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
 
     def _prices_plain(self, batch: int) -> bool:
-        """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding, and no option left to
-        explore there could pay."""
-        if any(self._unexplored(option, batch) and self._could_pay(option, batch) for option in self.options[1:]):
-            return False
+        """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding."""
         allowed, seconds, curves = self._priced(batch, None)
         return best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0) == 0
 
