@@ -238,12 +238,16 @@ class RolloutEngine:
             _, hidden = self.model.forward(tokens[:, : int(batch.num_tokens.max()) - 1], batch.cache,
                                            hidden_layers=self.hidden_layers, logits=False)
             batch.cache.lens = batch.num_tokens - 1
-            if self.proposer is not None and not call.plain:
+            if self._drafting(call):
                 self.proposer.restart(tokens, batch.num_tokens, call.params, hidden)
                 self.planner.prefilled(weights_changed=True)
                 self._prefilled_version = self.version
             call.weight_updates += 1
         call.weight_update_seconds += time.perf_counter() - start
+
+    def _drafting(self, call: CallState) -> bool:
+        """Whether the proposer follows this call's rows (it has one, and the call is not a plain call)."""
+        return self.proposer is not None and not call.plain
 
     def _prefill(self, prompts: list[list[int]], call: CallState) -> LiveBatch:
         """Run every prompt but its last token through the target once, start the proposer, then
@@ -269,7 +273,7 @@ class RolloutEngine:
                 call.draft_seconds += time.perf_counter() - draft_start
         group = torch.arange(P).repeat_interleave(n)  # [B] prompt of each row
         cache.select_rows(group)
-        if self.proposer is not None and not call.plain:
+        if self._drafting(call):
             self.proposer.select_rows(group)
         return LiveBatch(slots=torch.arange(P * n), tokens=tokens[group], num_tokens=lengths[group],
                          prompt_len=lengths[group], token_lp=torch.zeros(P * n, width),
@@ -460,7 +464,7 @@ class RolloutEngine:
             self.planner.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
         keep = retired_rows_order(done)  # the cache then copies only the rows that move
         batch.keep(keep)
-        if self.proposer is not None and not call.plain:
+        if self._drafting(call):
             self.proposer.select_rows(keep)
 
     @staticmethod

@@ -49,8 +49,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
     hidden states at its steps) where pricing chooses plain at every batch range its drain reaches, no option
-    left to explore at its batch size could pay, and no refresh could come due before it ends; its steps count towards the
-    refresh wait, and a normal call runs after `refresh_max` such steps in a row.
+    left to explore at its batch size could pay, and no refresh could come due before it ends; its steps count
+    towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row.
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`
 """
 from __future__ import annotations
@@ -294,7 +294,8 @@ class Planner:
             return False
         if rows not in self._plain_calls:
             sizes = sorted({rows} | {1 << i for i in range(rows.bit_length())})
-            explore = any(self._unexplored(option, rows) and self._could_pay(option, rows) for option in self.options[1:])
+            explore = any(self._unexplored(option, rows) and self._could_pay(option, rows)
+                          for option in self.options[1:])
             plain = not explore and all(self._prices_plain(size) for size in sizes)
             refresh = any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True) for size in sizes)
             self._plain_calls[rows] = plain, refresh
@@ -305,7 +306,7 @@ class Planner:
     def _prices_plain(self, batch: int) -> bool:
         """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding."""
         allowed, seconds, curves = self._priced(batch, None)
-        return best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0) == 0
+        return self._best(allowed, seconds, curves) == 0
 
     def ran_plain_call(self, steps: int, seconds: float) -> None:
         """A call `plain_call` allowed ran `steps` plain steps in `seconds` (none observed): they count towards a
@@ -349,13 +350,13 @@ class Planner:
         if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
             return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
         allowed, seconds, curves = self._priced(batch, room)
-        best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)  # allowed[0]: (0, 1)
+        best = self._best(allowed, seconds, curves)
         if not best:  # plain wherever the rows are: it stands
             self._hold_plain(batch)
             return StepPlan(*allowed[0], "priced-plain")
         if generated is not None:
             curves = self._expected_curves(self._go_on(generated))
-            best = best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)
+            best = self._best(allowed, seconds, curves)
         if best:
             self.refresh_wait = self.refresh_every
         return StepPlan(*allowed[best], "priced" if best else "priced-plain")
@@ -375,6 +376,11 @@ class Planner:
         if setup:
             speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
         return allowed, [self.plain_seconds(batch)] + speculative, curves
+
+    def _best(self, allowed: list[tuple[int, int]], seconds: list[float], curves: list[list[float]]) -> int:
+        """The index in `allowed` of the option pricing chooses (0, plain decoding, unless one beats it by
+        `min_gain`: rule 2)."""
+        return best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)
 
     def _hold_plain(self, batch: int) -> None:
         """Pricing chose plain decoding at this batch size: it stands unpriced there for `reprice_every` steps,
