@@ -681,6 +681,51 @@ def test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding():
     assert not Planner(max_k=0).plain_call(16, 40) and not Planner(max_k=3, adaptive=False).plain_call(16, 40)
 
 
+def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
+    """On `tiny` a refresh, and a tree, could pay only at one live row. Calls of 16 rows whose rows all end
+    together never step there, so their normal calls never ran the refresh or explored the tree: both stayed
+    due, and kept every later call of 16 rows from running plain. A call weighs the ranges the last normal call
+    of its size stepped at, and only the options allowed at its size; a drain that reaches one row still keeps
+    its calls normal while a refresh is due."""
+    def plain(b):
+        return 0.001 + 0.0005 * b  # compute-bound from a few rows: drafts could pay only at one row
+
+    def run_call(planner, sizes):
+        if planner.plain_call(16, 16):
+            planner.ran_plain_call(16, 16 * plain(16))
+            return True
+        planner.prefilled()
+        for rows in sizes:
+            k, width = planner.choose_step(rows)[:2]
+            drafts = k * width * plain(rows) / 3
+            planner.observe(rows, k, plain(rows * (1 + k * width)) + drafts, [0] * k, draft_seconds=drafts,
+                            width=width)
+        planner.ran_call(16, set(sizes))
+        return False
+
+    together = Planner(max_k=3, max_width=3)
+    for _ in range(8):  # first calls that reach one row: the fits at every range, the one-row options explored
+        run_call(together, [16] * 8 + [8] * 4 + [1] * 4)
+    assert together._could_pay(together._refresh_option(), 1, cheapest_drafts=True)
+    assert not any(together._could_pay(together._refresh_option(), size, cheapest_drafts=True) for size in (8, 16))
+    calls = [run_call(together, [16] * 16) for _ in range(120)]  # now every row emits its 16 tokens
+    assert together.probe_debt == 0.0 and together.off_streak >= together.refresh_wait  # a refresh is due...
+    assert sum(calls[-60:]) >= 55  # ... yet calls of 16 rows, which could not run it, run plain
+    trees = [option for option in together.options if option[1] > 1]
+    assert not any(option in together._allowed_options(16, None) for option in trees)
+    could_pay = together._could_pay
+    together._could_pay = lambda option, *a, **kw: option in trees or could_pay(option, *a, **kw)
+    together._explored.difference_update(trees)
+    together.samples.update({option: type(together.samples[option])() for option in trees})
+    together._plain_calls.clear()
+    assert together.plain_call(16, 16)  # trees no step of 16 rows may draft are not explores the call could run
+
+    drain = Planner(max_k=3, max_width=3)
+    for _ in range(8):
+        run_call(drain, [16] * 8 + [8] * 4 + [1] * 4)
+    drain.off_streak, drain.probe_debt = drain.refresh_wait, 0.0  # a refresh is due, and a drain could run it
+    assert not drain.plain_call(16, 16)
+
 def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer():
     """Exactness: a plain call is plain decoding, token for token and logprob for logprob against an engine
     without a proposer on the same seeds; the head is not started and reads no hidden states."""

@@ -209,6 +209,8 @@ class RolloutEngine:
             self.generating = False
         if call.plain:
             self.planner.ran_plain_call(call.steps, call.step_seconds)
+        elif self.proposer is not None:
+            self.planner.ran_call(len(call.outputs), {size for _, size, _, _ in call.trace})
         return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,
                               steps=call.steps, k_histogram=call.k_histogram, draft_seconds=call.draft_seconds,
                               width_histogram=call.width_histogram, trace=call.trace,

@@ -141,6 +141,8 @@ class Planner:
         # until the next observed step or sampling setting (`plain_call`)
         self._plain_calls: dict[int, tuple[bool, bool]] = {}
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
+        self._call_ranges: dict[int, frozenset[int]] = {}  # rows -> the batch ranges the last normal call of as
+        # many rows stepped at (`ran_call`)
         self._plain_waits: dict[int, int] = {}  # batch range -> the wait its last pricing that chose plain set
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.acceptance: dict[int, AcceptanceEstimate] | None = None  # the current setting's (`use_sampling`)
@@ -286,22 +288,32 @@ class Planner:
 
     def plain_call(self, rows: int, max_tokens: int) -> bool:
         """Whether a call of `rows` rows, each emitting at most `max_tokens`, runs as plain decoding from start to
-        end (rule 14): pricing chooses plain at `rows` and at each power of two below it (the drain's batch
-        ranges), no option left to explore at `rows` could pay (the drain's smaller ranges explore in the calls
-        that run normally: a drain reaches them with little room), and no refresh could come due within the call;
+        end (rule 14): pricing chooses plain at `rows` and in each batch range the last normal call of as many rows
+        stepped at (every power of two below `rows` before one ran: a drain's ranges), no option allowed at `rows`
+        and left to explore there could pay (the drain's smaller ranges explore in the calls that run normally: a
+        drain reaches them with little room), and no refresh could come due within the call in those ranges;
         false once such calls ran `refresh_max` steps since the last observed step."""
         if not (self.adaptive and self.max_k and self.plain_times.fitted) or self._plain_call_steps >= self.refresh_max:
             return False
         if rows not in self._plain_calls:
-            sizes = sorted({rows} | {1 << i for i in range(rows.bit_length())})
+            ranges = self._call_ranges.get(rows, range(1, rows.bit_length() + 1))
+            sizes = sorted({rows} | {1 << (here - 1) for here in ranges if here < rows.bit_length()})
             explore = any(self._unexplored(option, rows) and self._could_pay(option, rows)
-                          for option in self.options[1:])
+                          for option in self._allowed_options(rows, None)[1:])
             plain = not explore and all(self._prices_plain(size) for size in sizes)
             refresh = any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True) for size in sizes)
             self._plain_calls[rows] = plain, refresh
         plain, refresh = self._plain_calls[rows]
         paid_off = self.probe_debt <= self.probe_share * max_tokens * self.plain_seconds(rows)  # within the call
         return plain and not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
+
+    def ran_call(self, rows: int, sizes) -> None:
+        """A call of `rows` rows ran normally, its steps at these live batch sizes: the next calls of as many rows
+        weigh these sizes' ranges (`plain_call`): a drain's, or only their own where every row ends together."""
+        ranges = frozenset(size.bit_length() for size in sizes)
+        if self._call_ranges.get(rows) != ranges:
+            self._call_ranges[rows] = ranges
+            self._plain_calls.pop(rows, None)
 
     def _prices_plain(self, batch: int) -> bool:
         """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding."""
