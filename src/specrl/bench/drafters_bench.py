@@ -3,8 +3,9 @@
 For each batch size, one round runs the baseline (no speculation) and then every proposer
 (under each chain verification rule asked for: block, token) on the same prompts with the
 same seed, in turn; rounds repeat and medians are reported
-(these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline of
-the same round set, acceptance length and per-position acceptance (vLLM's definitions),
+(these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline (the
+median over rounds of the round's rate over the baseline's in the same round: a drift of the
+machine's speed between rounds cancels), acceptance length and per-position acceptance (vLLM's definitions),
 the share of wall time spent inside the proposer, and the K the planner ran.
 
 Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
@@ -124,14 +125,16 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
             done += 1
             if progress is not None:
                 progress(done, total)
-        base = statistics.median(runs["none", None].rates)
+        base = runs["none", None].rates
         for (name, rule), run in runs.items():
             if name == "none":
                 continue
-            rate = statistics.median(run.rates)
+            ratios = [ours / theirs for ours, theirs in zip(run.rates, base)]  # each round's, paired
             rows.append({
-                "proposer": name, "verification": rule, "batch": batch, "n": n, "tokens_per_s": rate, "tokens_per_s_base": base,
-                "speedup": rate / base, "acceptance_length": run.spec.acceptance_length,
+                "proposer": name, "verification": rule, "batch": batch, "n": n,
+                "tokens_per_s": statistics.median(run.rates), "tokens_per_s_base": statistics.median(base),
+                "speedup": statistics.median(ratios), "speedup_rounds": ratios,
+                "acceptance_length": run.spec.acceptance_length,
                 "acceptance_per_pos": run.spec.acceptance_per_pos, "draft_cost_share": run.draft_seconds / run.seconds,
                 "k_histogram": dict(sorted(run.k_histogram.items())),
             })

@@ -1,0 +1,20 @@
+"""`specrl bench drafters`: every proposer against plain decoding, round by round."""
+import statistics
+
+from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
+
+
+def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
+    """Each round times plain decoding and then each proposer on the same prompts and seeds; the speedup is the
+    median over rounds of a round's rate over the baseline's in that round, so that the machine's speed drifting
+    between rounds cancels out of it."""
+    config = DraftersBenchConfig(model="tiny", proposers=("ngram", "int8"), batches=(1, 4), max_tokens=8, rounds=3,
+                                 plot=None, threads=1)
+    summary = run_drafters_bench(config)
+    assert [(row["proposer"], row["batch"]) for row in summary["rows"]] == \
+        [("ngram", 1), ("int8", 1), ("ngram", 4), ("int8", 4)]
+    for row in summary["rows"]:
+        assert len(row["speedup_rounds"]) == config.rounds and min(row["speedup_rounds"]) > 0
+        assert row["speedup"] == statistics.median(row["speedup_rounds"])
+        assert row["acceptance_length"] >= 1.0 and row["tokens_per_s"] > 0
+    assert summary["best"]["speedup"] == max(row["speedup"] for row in summary["rows"])
