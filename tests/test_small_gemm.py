@@ -157,7 +157,7 @@ def test_an_int8_rows_result_does_not_depend_on_the_other_rows_or_the_threads():
         torch.set_num_threads(threads)
 
 
-INTEGER_KERNELS = ("vnni", "avx2-int8")  # activations rounded to int8 in groups of 16 too
+INTEGER_KERNELS = tuple(small_gemm.INTEGER_KERNELS)  # activations rounded to int8 in groups of 16 too
 
 
 @pytest.mark.parametrize("kernel", int8_kernels())
@@ -194,8 +194,8 @@ def test_every_int8_kernels_rows_do_not_depend_on_the_other_rows_or_the_threads(
 
 def test_the_default_int8_kernel_is_the_first_this_cpu_runs():
     kernels = int8_kernels()
-    missing = {"vnni": small_gemm.vnni_unavailable(), "avx512": small_gemm.avx512_unavailable(), "avx2-int8": "",
-               "avx2": ""}
+    missing = {"vnni": small_gemm.vnni_unavailable(), "avx-vnni": small_gemm.avx_vnni_unavailable(),
+               "avx512": small_gemm.avx512_unavailable(), "avx2-int8": "", "avx2": ""}
     assert kernels == tuple(name for name, why in missing.items() if not why)
     assert Int8Projection(Projection(torch.randn(16, 8), fast=True)).kernel == kernels[0]
     assert Int8Projection(Projection(torch.randn(16, 8))).kernel == "eager"
@@ -228,13 +228,27 @@ def test_quantize_activations_rounds_each_group_of_16_to_its_own_step():
         assert (y[1, start:start + 16] - group).abs().max() <= group.abs().max() / 127 / 2 * (1 + 1e-6)
 
 
-@pytest.mark.skipif(bool(small_gemm.vnni_unavailable()), reason="this CPU lacks AVX-512 VNNI")
-def test_the_avx2_integer_kernel_gives_the_vnni_kernels_bits():
+@pytest.mark.skipif(len([k for k in int8_kernels() if k in INTEGER_KERNELS]) < 2,
+                    reason="this CPU runs one integer int8 kernel")
+def test_the_integer_int8_kernels_give_the_same_bits():
+    """`vnni` (AVX-512), `avx-vnni` (vpdpbusd on 256-bit registers) and `avx2-int8` (vpmaddubsw, vpmaddwd) make the
+    same exact integer sums and scale them in the same order: each gives the others' bits wherever it runs."""
     generator = torch.Generator().manual_seed(5)
     w, x = torch.randn(1001, 130, generator=generator), torch.randn(9, 130, generator=generator)
-    vnni, avx2 = (Int8Projection(Projection(w, fast=True), kernel) for kernel in ("vnni", "avx2-int8"))
+    kernels = [kernel for kernel in int8_kernels() if kernel in INTEGER_KERNELS]
+    first, *others = (Int8Projection(Projection(w, fast=True), kernel) for kernel in kernels)
     for m in (1, 2, 4, 9):
-        assert torch.equal(vnni(x[:m]), avx2(x[:m]))
+        for other in others:
+            assert torch.equal(first(x[:m]), other(x[:m])), other.kernel
+
+
+def test_the_256_bit_vnni_kernel_runs_where_the_cpu_has_avx_vnni_or_avx512_vl_with_vnni():
+    flags = small_gemm.cpu_flags()
+    with open("/proc/cpuinfo") as info:
+        listed = next(line for line in info if line.startswith("flags")).split()
+    has = "avx_vnni" in flags or ("avx512vl" in listed and "avx512_vnni" in flags)
+    assert (not small_gemm.avx_vnni_unavailable()) == has
+    assert ("avx-vnni" in int8_kernels()) == has
 
 
 def test_the_int8_kernel_can_be_pinned_and_a_pin_this_cpu_cannot_run_is_named(monkeypatch):

@@ -40,9 +40,12 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
                                       int K, int threads);
 extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
                                            int N16, int K, int threads);
+extern "C" int specrl_small_gemm_avx_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
+                                          int N16, int K, int threads);
 
 // A packed projection: small_gemm's [n_blocks][in][block] fp32 (scales null) or int8 with [block * n_blocks] scales,
-// or the VNNI kernel's uint8 layout (vnni = 1: the VNNI kernel; 2: the AVX2 integer kernel, the same bits).
+// or the VNNI kernel's uint8 layout (vnni = 1: the VNNI kernel; 2: the AVX2 integer kernel; 3: the 256-bit VNNI
+// one; the same bits).
 struct Weight {
     const void* packed;
     const float* scales;
@@ -73,6 +76,8 @@ static void project(const Weight& w, const float* x, float* y, int M, int K, int
         specrl_small_gemm_vnni(x, (const uint8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
     } else if (w.vnni == 2) {
         specrl_small_gemm_int8_avx2(x, (const uint8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
+    } else if (w.vnni == 3) {
+        specrl_small_gemm_avx_vnni(x, (const uint8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
     } else {
         if (w.block == 16) specrl_small_gemm_int8_avx512(x, (const int8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);
         else specrl_small_gemm_int8(x, (const int8_t*)w.packed, w.scales, y, M, w.n_blocks, K, threads);

@@ -30,10 +30,10 @@ class _Weight(ctypes.Structure):
 
 def _weight(projection) -> _Weight:
     """A packed `Projection` or `Int8Projection` (fp32 weights when it has no `scales`; uint8 ones for the integer
-    kernels: vnni 1 for the VNNI kernel, 2 for the AVX2 one)."""
+    kernels: vnni 1 for the VNNI kernel, 2 for the AVX2 one, 3 for the 256-bit VNNI one)."""
     packed = projection.packed
     scales = getattr(projection, "scales", None)
-    integer = 0 if packed.dtype != torch.uint8 else 1 if projection.kernel == "vnni" else 2
+    integer = 0 if packed.dtype != torch.uint8 else {"vnni": 1, "avx2-int8": 2, "avx-vnni": 3}[projection.kernel]
     return _Weight(packed.data_ptr(), None if scales is None else scales.data_ptr(), packed.shape[0], packed.shape[2],
                    integer)
 

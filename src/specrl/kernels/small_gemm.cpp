@@ -347,7 +347,8 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
 }
 #pragma GCC pop_options
 
-// AVX2, int8 weights by int8 activations (the int8 self-draft's default where the CPU lacks AVX-512 VNNI).
+// AVX2, int8 weights by int8 activations (the int8 self-draft's default where the CPU lacks AVX-512 VNNI and AVX-VNNI;
+// the 256-bit VNNI rows further down share its rows and threads).
 //
 // Why: the AVX2 widening kernel spends two instructions per 8 weights turning int8 into fp32 before its FMAs, and
 // at one thread those, not memory, bound it: its pass takes well over the quarter of the fp32 pass that its
@@ -362,11 +363,11 @@ extern "C" int specrl_small_gemm_vnni(const float* x, const uint8_t* wp, const f
 // exact, the VNNI kernel's sum, and is FMA'd into the accumulator with the group's scale in the same order: the
 // same bits as the VNNI kernel, and batch-invariant for the same reason.
 #pragma GCC push_options
-static_assert(VGROUP == 3, "a_groups instantiates a_row for groups of 1 to 3 blocks");
+static_assert(VGROUP == 3, "int8_groups instantiates its rows for groups of 1 to 3 blocks");
 #pragma GCC target("avx2,fma")
 
-// one row x [K] -> the VNNI kernel's xq [G * 16], xs [G] (`quantize_groups`, with 8 lanes at a time)
-static inline void quantize_groups_avx2(const float* x, int K, int8_t* xq, float* xs) {
+// one row x [K] -> the VNNI kernel's xq [G * 16], xs [G], xc [G] (`quantize_groups`, with 8 lanes at a time)
+static inline void quantize_groups_avx2(const float* x, int K, int8_t* xq, float* xs, int32_t* xc) {
     const int G = (K + 15) / 16;
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int g = 0; g < G; ++g) {
@@ -390,94 +391,160 @@ static inline void quantize_groups_avx2(const float* x, int K, int8_t* xq, float
         const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
         _mm_storeu_si128((__m128i*)(xq + g * 16), bytes);
         xs[g] = s;
+        int32_t sum = 0;
+        for (int j = 0; j < 16; ++j) sum += xq[g * 16 + j];
+        xc[g] = 128 * sum;
     }
 }
 
-// One row (quantized) by S groups of NB blocks of 16 outputs, `apart` bytes (and `oapart` outputs) apart. Per 16 k
-// each group in turn: its 4 x NB x 64 bytes (4 k, the blocks side by side) into 2 NB int32 sums of 8 outputs, then
-// FMA'd with the 16 k's scale into the group's accumulators, which wait in L1 while the other groups run.
-// Why S groups: one core pulls more from DRAM out of several sequential streams than out of one, and the hardware
-// prefetchers keep up with four without software prefetches (docs/log.md, "Four streams in the AVX2 int8 kernel").
-template <int S, int NB>
-static inline void a_row(const int8_t* xq, const float* xs, int G, const uint8_t* wp, int64_t apart, int64_t oapart,
-                         const float* scale, float* y) {
-    alignas(32) float acc[S][2 * NB][8] = {};
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    for (int g = 0; g < G; ++g) {
-        __m256i xb[4], xa[4];
+// One row's quantized activations: xq [G * 16] int8, xs [G] scales, xc [G] = 128 * each group's sum of xq
+struct RowActs {
+    const int8_t* q;
+    const float* s;
+    const int32_t* c;
+};
+
+// AVX2's sums: vpmaddubsw on |x| (unsigned) and the weights' int8 q carrying x's sign (vpsignb), vpmaddwd by ones
+// into int32. No correction: the sums start at 0.
+struct SignedPairActs {
+    __m256i xb[4], xa[4];  // per 4 k: x's 4 bytes broadcast, and their magnitudes
+    __m256i start = _mm256_setzero_si256();
+    SignedPairActs(RowActs x, int g) {
         _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4) {
             int32_t four;
-            memcpy(&four, xq + g * 16 + k4 * 4, 4);
+            memcpy(&four, x.q + g * 16 + k4 * 4, 4);
             xb[k4] = _mm256_set1_epi32(four);
             xa[k4] = _mm256_abs_epi8(xb[k4]);
         }
-        const __m256 step = _mm256_set1_ps(xs[g]);
-        for (int t = 0; t < S; ++t) {
-            const uint8_t* at = wp + t * apart + (int64_t)g * 4 * NB * 64;
-            __m256i sum[2 * NB];
-            _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) sum[b] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int k4 = 0; k4 < 4; ++k4, at += NB * 64)
-                _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b) {
-                    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(at + b * 32)), flip);
-                    const __m256i pairs = _mm256_maddubs_epi16(xa[k4], _mm256_sign_epi8(w, xb[k4]));
-                    sum[b] = _mm256_add_epi32(sum[b], _mm256_madd_epi16(pairs, ones));
-                }
-            _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
-                _mm256_store_ps(acc[t][b], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[b]), step,
-                                                           _mm256_load_ps(acc[t][b])));
-        }
     }
-    _Pragma("GCC unroll 16") for (int t = 0; t < S; ++t)
-        _Pragma("GCC unroll 16") for (int b = 0; b < 2 * NB; ++b)
-            _mm256_storeu_ps(y + t * oapart + b * 8,
-                             _mm256_mul_ps(_mm256_load_ps(acc[t][b]), _mm256_loadu_ps(scale + t * oapart + b * 8)));
-}
+    inline __m256i add(__m256i sum, __m256i w, int k4) const {  // w: 32 bytes of q + 128
+        const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        const __m256i pairs = _mm256_maddubs_epi16(xa[k4], _mm256_sign_epi8(q, xb[k4]));
+        return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
+};
+#define INT8_ROW signed_pairs_row
+#define INT8_ACTS SignedPairActs
+#include "small_gemm_int8_row.inc"
 
 // All M rows by the groups [g0, g1) of a matrix of N16 blocks. The full groups are cut into ASTREAMS runs of equal
 // length, read side by side, a row at a time (the first row reads the step's groups from memory, the others find
 // them in L2); then the groups left over one by one, the last with fewer blocks when it is short.
 static const int ASTREAMS = 4;
 
-static void a_groups(const int8_t* xq, const float* xs, int M, int G, const uint8_t* wp, const float* scale, int N16,
-                     int g0, int g1, float* y, int64_t ldy) {
+// The row functions int8_groups takes: `signed_pairs_row`, `vex_row` or `evex_row` (each compiled for its own
+// instruction sets, so called, not inlined: once per row and stretch of K)
+template <int S, int NB>
+using Int8Row = void (*)(RowActs, int, const uint8_t*, int64_t, int64_t, const float*, float*);
+struct SignedPairs {
+    template <int S, int NB> static constexpr Int8Row<S, NB> row = signed_pairs_row<S, NB>;
+};
+
+template <class Dot>
+static void int8_groups(const int8_t* xq, const float* xs, const int32_t* xc, int M, int G, const uint8_t* wp,
+                        const float* scale, int N16, int g0, int g1, float* y, int64_t ldy) {
     const int64_t gbytes = (int64_t)VGROUP * G * 256;  // a full group's bytes
     const int full = g1 < N16 / VGROUP ? g1 : N16 / VGROUP;
     const int run = full > g0 ? (full - g0) / ASTREAMS : 0;
+    const auto row = [&](int m) { return RowActs{xq + (int64_t)m * G * 16, xs + (int64_t)m * G, xc + (int64_t)m * G}; };
     for (int g = g0; g < g0 + run; ++g)
         for (int m = 0; m < M; ++m)
-            a_row<ASTREAMS, VGROUP>(xq + (int64_t)m * G * 16, xs + (int64_t)m * G, G, wp + g * gbytes, run * gbytes,
-                                    (int64_t)run * VGROUP * 16, scale + g * VGROUP * 16,
-                                    y + (int64_t)m * ldy + (int64_t)g * VGROUP * 16);
+            Dot::template row<ASTREAMS, VGROUP>(row(m), G, wp + g * gbytes, run * gbytes, (int64_t)run * VGROUP * 16,
+                                                scale + g * VGROUP * 16, y + (int64_t)m * ldy + (int64_t)g * VGROUP * 16);
     for (int g = g0 + ASTREAMS * run; g < g1; ++g) {
         const int nb = N16 - g * VGROUP < VGROUP ? N16 - g * VGROUP : VGROUP;
         for (int m = 0; m < M; ++m) {
-            const int8_t* q = xq + (int64_t)m * G * 16;
-            const float* s = xs + (int64_t)m * G;
             float* out = y + (int64_t)m * ldy + (int64_t)g * VGROUP * 16;
-            if (nb == 3) a_row<1, 3>(q, s, G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
-            else if (nb == 2) a_row<1, 2>(q, s, G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
-            else a_row<1, 1>(q, s, G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
+            if (nb == 3) Dot::template row<1, 3>(row(m), G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
+            else if (nb == 2) Dot::template row<1, 2>(row(m), G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
+            else Dot::template row<1, 1>(row(m), G, wp + g * gbytes, 0, 0, scale + g * VGROUP * 16, out);
         }
     }
 }
 
-// specrl_small_gemm_vnni's contract (its layout and activation rounding, the same bits) on AVX2: x [M, K] fp32, wp
-// the VNNI layout, scale [16 * N16] -> y [M, 16 * N16]. Each thread takes a contiguous range of groups.
-extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
-                                           int N16, int K, int threads) {
+// specrl_small_gemm_vnni's contract (its layout and activation rounding, the same bits) with 256-bit registers:
+// x [M, K] fp32, wp the VNNI layout, scale [16 * N16] -> y [M, 16 * N16]. Each thread takes a contiguous range of
+// groups.
+template <class Dot>
+static void int8_gemm(const float* x, const uint8_t* wp, const float* scale, float* y, int M, int N16, int K,
+                      int threads) {
     const int G = (K + 15) / 16;
     std::vector<int8_t> xq((size_t)M * G * 16);
     std::vector<float> xs((size_t)M * G);
+    std::vector<int32_t> xc((size_t)M * G);
     for (int m = 0; m < M; ++m)
-        quantize_groups_avx2(x + (int64_t)m * K, K, xq.data() + (int64_t)m * G * 16, xs.data() + (int64_t)m * G);
+        quantize_groups_avx2(x + (int64_t)m * K, K, xq.data() + (int64_t)m * G * 16, xs.data() + (int64_t)m * G,
+                             xc.data() + (int64_t)m * G);
     const int64_t ldy = (int64_t)N16 * 16;
     const int groups = (N16 + VGROUP - 1) / VGROUP;
     #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        a_groups(xq.data(), xs.data(), M, G, wp, scale, N16, (int)((int64_t)groups * t / T),
-                 (int)((int64_t)groups * (t + 1) / T), y, ldy);
+        int8_groups<Dot>(xq.data(), xs.data(), xc.data(), M, G, wp, scale, N16, (int)((int64_t)groups * t / T),
+                         (int)((int64_t)groups * (t + 1) / T), y, ldy);
     }
+}
+
+extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
+                                           int N16, int K, int threads) {
+    int8_gemm<SignedPairs>(x, wp, scale, y, M, N16, K, threads);
+    return 0;
+}
+#pragma GCC pop_options
+
+// The 256-bit VNNI rows (`avx-vnni`): vpdpbusd on ymm registers, the VEX encoding of AVX-VNNI (Intel Alder Lake
+// and later; AMD Zen 5) and the EVEX one of AVX-512 VL + VNNI, from one source.
+// AVX-VNNI needs GCC 11 or clang 12; an older compiler builds the EVEX rows only
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define SPECRL_AVX_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+#define VNNI256_ACTS VexActs
+#define VNNI256_ROW vex_row
+#define VNNI256_DPBUSD _mm256_dpbusd_avx_epi32
+#include "small_gemm_vnni256.inc"
+#pragma GCC pop_options
+#endif
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512vl,avx512vnni")
+#define VNNI256_ACTS EvexActs
+#define VNNI256_ROW evex_row
+#define VNNI256_DPBUSD _mm256_dpbusd_epi32
+#include "small_gemm_vnni256.inc"
+#pragma GCC pop_options
+
+#ifdef SPECRL_AVX_VNNI
+struct Vnni256Vex {
+    template <int S, int NB> static constexpr Int8Row<S, NB> row = vex_row<S, NB>;
+};
+#endif
+struct Vnni256Evex {
+    template <int S, int NB> static constexpr Int8Row<S, NB> row = evex_row<S, NB>;
+};
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+// 2 where the CPU has AVX-VNNI, 1 where it has AVX-512 VL and VNNI instead, else 0
+extern "C" int specrl_small_gemm_avx_vnni_supported(void) {
+    __builtin_cpu_init();
+#ifdef SPECRL_AVX_VNNI
+    if (__builtin_cpu_supports("avxvnni")) return 2;
+#endif
+    return __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+}
+
+// specrl_small_gemm_vnni's contract, by vpdpbusd on ymm registers: AVX-VNNI's encoding where the CPU has it, else
+// AVX-512 VL's (call only where specrl_small_gemm_avx_vnni_supported() is not 0)
+extern "C" int specrl_small_gemm_avx_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
+                                          int N16, int K, int threads) {
+#ifdef SPECRL_AVX_VNNI
+    if (specrl_small_gemm_avx_vnni_supported() == 2) {
+        int8_gemm<Vnni256Vex>(x, wp, scale, y, M, N16, K, threads);
+        return 0;
+    }
+#endif
+    int8_gemm<Vnni256Evex>(x, wp, scale, y, M, N16, K, threads);
     return 0;
 }
 #pragma GCC pop_options

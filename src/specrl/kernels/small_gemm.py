@@ -22,15 +22,16 @@ to fp32 in registers; the fp32 FMA chain, so batch-invariant too):
     packed, scales = pack_int8(q, scale, block=16) -> int8 [ceil(N/16), K, 16], fp32 [16 * ceil(N/16)]
     y = matmul(x, packed, N, scales=scales)        (the block size picks the kernel)
 
-int8 activations too (AVX-512 VNNI, where `vnni_unavailable()` is "", 64 pairs per instruction; or AVX2, 32
-pairs per two instructions): each row of x quantized in groups of 16 along K (one fp32 scale per group,
-`quantize_activations`), multiplied by int8 weights in integers; no widening, so it streams faster. The two
+int8 activations too (AVX-512 VNNI, where `vnni_unavailable()` is "", 64 pairs per instruction; AVX-VNNI, or
+AVX-512 VL with VNNI, where `avx_vnni_unavailable()` is "", 32 pairs per instruction; or AVX2, 32 pairs per two
+instructions): each row of x quantized in groups of 16 along K (one fp32 scale per group,
+`quantize_activations`), multiplied by int8 weights in integers; no widening, so it streams faster. The three
 kernels compute the same bits:
 
     packed, scales = pack_vnni(q, scale)           -> uint8 [ceil(N/16), K16, 16] (K16 = K rounded up to 16;
                                                       q + 128, grouped as the .cpp says), fp32 [16 * ceil(N/16)]
     y = matmul(x, packed, N, scales=scales)        ~ quantize_activations(x) (q * scale)^T (the uint8 picks it;
-                                                      vnni=False: the AVX2 kernel)
+                                                      integer="avx-vnni" or "avx2-int8": the others)
 
 (One activation scale per row instead of per group of 16 cost the draft acceptance and lost in the engine.
 int16 activations by VNNI's vpdpwssd, weights widened to int16 two k at a time, gained little on the widening
@@ -61,7 +62,8 @@ from specrl.cache import cache_dir
 # draft sampler (`draft_sampler.py`); the header they share is part of the build's hash
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("small_gemm.cpp", "decoder_layer.cpp", "draft_sampler.cpp"))
-HEADERS = (Path(__file__).with_name("vector_math.h"),)
+HEADERS = tuple(Path(__file__).with_name(name)
+                for name in ("vector_math.h", "small_gemm_int8_row.inc", "small_gemm_vnni256.inc"))
 PACKAGED = Path(__file__).with_name("libspecrl_small_gemm.so")
 MAX_ROWS = 128  # up to here the kernel beats MKL at 1 and 2 threads (docs/fast_path.md's kernel table); above, MKL
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
@@ -114,7 +116,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         fp32.argtypes = [p, p, p, i, i, i, i]
         fp32.restype = i
     for int8 in (lib.specrl_small_gemm_int8, lib.specrl_small_gemm_int8_avx512, lib.specrl_small_gemm_vnni,
-                 lib.specrl_small_gemm_int8_avx2):
+                 lib.specrl_small_gemm_avx_vnni, lib.specrl_small_gemm_int8_avx2):
         int8.argtypes = [p, p, p, p, i, i, i, i]
         int8.restype = i
     lib.specrl_decoder_layer.argtypes = [p, p, p, p, p]
@@ -174,6 +176,15 @@ def vnni_unavailable() -> str:
     if lib is None:
         return why
     return "" if lib.specrl_small_gemm_vnni_supported() else "this CPU lacks AVX-512 VNNI (F, BW, VNNI)"
+
+
+def avx_vnni_unavailable() -> str:
+    """Why the int8 x int8 path on 256-bit registers (vpdpbusd: AVX-VNNI, or AVX-512 VL and VNNI) cannot run here
+    ("" when it can)."""
+    lib, why = _library()
+    if lib is None:
+        return why
+    return "" if lib.specrl_small_gemm_avx_vnni_supported() else "this CPU lacks AVX-VNNI (and AVX-512 VL with VNNI)"
 
 
 def _blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
@@ -273,12 +284,16 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return rounded.reshape(*x.shape[:-1], K16)[..., :K]
 
 
+INTEGER_KERNELS = {"vnni": "specrl_small_gemm_vnni", "avx-vnni": "specrl_small_gemm_avx_vnni",
+                   "avx2-int8": "specrl_small_gemm_int8_avx2"}  # the int8 x int8 kernels, all `pack_vnni`'s layout
+
+
 def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: torch.Tensor | None = None,
-           vnni: bool = True) -> torch.Tensor:
+           integer: str = "vnni") -> torch.Tensor:
     """x [..., K] @ W^T for the W that `pack` packed -> [..., out_features] (fp32); given the `scales` of
     `pack_int8`, `packed` holds int8 weights in blocks of 8 (the AVX2 kernel) or 16 (AVX-512) and W = q * scale;
-    given those of `pack_vnni` (uint8), x is rounded by `quantize_activations` too, and multiplied by the VNNI
-    kernel, or with `vnni=False` by the AVX2 one (the same bits)."""
+    given those of `pack_vnni` (uint8), x is rounded by `quantize_activations` too, and multiplied by the
+    `integer` kernel (one of INTEGER_KERNELS: the same bits)."""
     lib = _library()[0]
     K = x.shape[-1]
     N_blocks, block = packed.shape[0], packed.shape[2]
@@ -290,7 +305,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, scales: tor
         kernel = lib.specrl_small_gemm_avx512 if block == 16 else lib.specrl_small_gemm
         kernel(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), *args)
     elif packed.dtype == torch.uint8:
-        kernel = lib.specrl_small_gemm_vnni if vnni else lib.specrl_small_gemm_int8_avx2
+        kernel = getattr(lib, INTEGER_KERNELS[integer])
         kernel(rows.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), *args)
     else:
         kernel = lib.specrl_small_gemm_int8_avx512 if block == 16 else lib.specrl_small_gemm_int8

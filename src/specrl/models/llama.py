@@ -68,12 +68,14 @@ INT8_KERNEL_ENV = "SPECRL_INT8_KERNEL"  # pins the int8 self-draft's kernel (one
 def int8_kernels() -> tuple[str, ...]:
     """The int8 kernels this CPU runs, the default first (the one `Int8Projection` uses unless told, or pinned by
     $SPECRL_INT8_KERNEL): `vnni` (int8 activations in groups of 16 by int8 weights, AVX-512 VNNI) where the CPU
-    has it, `avx512` (int8 weights widened to fp32 16 at a time, fp32 activations) where it has AVX-512,
+    has it, `avx-vnni` (`vnni`'s integers and bits on 256-bit registers: AVX-VNNI, or AVX-512 VL with VNNI) where
+    it has that, `avx512` (int8 weights widened to fp32 16 at a time, fp32 activations) where it has AVX-512,
     `avx2-int8` (`vnni`'s integers and bits on AVX2) and `avx2` (weights widened 8 at a time) wherever the fast
     path runs."""
     if small_gemm.unavailable():
         return ()
     return tuple(name for name, why in (("vnni", small_gemm.vnni_unavailable()),
+                                        ("avx-vnni", small_gemm.avx_vnni_unavailable()),
                                         ("avx512", small_gemm.avx512_unavailable()), ("avx2-int8", ""),
                                         ("avx2", "")) if not why)
 
@@ -102,7 +104,7 @@ class Int8Projection:
     """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
     `small_gemm.quantize_int8`), for the int8 self-draft.
 
-    kernel  None: `default_int8_kernel`; `vnni` / `avx2-int8`: each row of x rounded to int8 in groups of 16
+    kernel  None: `default_int8_kernel`; `vnni` / `avx-vnni` / `avx2-int8`: each row of x rounded to int8 in groups of 16
             along K too (`small_gemm.quantize_activations`) and multiplied in integers; `avx512` / `avx2`: activations
             stay fp32 and each int8 weight is widened in registers. Each streams a quarter of fp32's bytes at
             every M (there is no int8 MKL path to hand large M to). `eager`, and wherever the fast path is
@@ -117,7 +119,7 @@ class Int8Projection:
         self.kernel, self.bias = kernel, projection.bias
         self.packed = self.scales = self.weight_t = None
         # q [out, in] int8, scale [out] fp32, and the weights as the kernel reads them
-        if kernel in ("vnni", "avx2-int8"):  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)]
+        if kernel in small_gemm.INTEGER_KERNELS:  # [ceil(out/16), in rounded up to 16, 16] uint8, [16 * ceil(out/16)]
             self.q, self.scale, self.packed, self.scales = small_gemm.quantize_pack_vnni(projection.weight)
         else:
             self.q, self.scale = small_gemm.quantize_int8(projection.weight)
@@ -132,7 +134,7 @@ class Int8Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales, vnni=self.kernel == "vnni")
+            y = small_gemm.matmul(x, self.packed, self.q.shape[0], scales=self.scales, integer=self.kernel)
         else:
             y = x @ self.weight_t
         return y + self.bias if self.bias is not None else y

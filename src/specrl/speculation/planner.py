@@ -48,10 +48,12 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
-    hidden states at its steps) where pricing chooses plain at every batch range its drain reaches, no option
-    left to explore at its batch size could pay, and no refresh could come due before it ends; its steps count
+    hidden states at its steps) where pricing chooses plain at every batch range its drain reaches (those the
+    last normal call of as many rows stepped at: `ran_call`), no option allowed and left to explore at its
+    batch size could pay, and no refresh could come due in those ranges before it ends; its steps count
     towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row.
-    `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`
+    `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
+    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`
 """
 from __future__ import annotations
 
