@@ -434,10 +434,9 @@ static const int ASTREAMS = 4;
 
 // The row functions int8_groups takes: `signed_pairs_row`, `vex_row` or `evex_row` (each compiled for its own
 // instruction sets, so called, not inlined: once per row and stretch of K)
-template <int S, int NB>
 using Int8Row = void (*)(RowActs, int, const uint8_t*, int64_t, int64_t, const float*, float*);
 struct SignedPairs {
-    template <int S, int NB> static constexpr Int8Row<S, NB> row = signed_pairs_row<S, NB>;
+    template <int S, int NB> static constexpr Int8Row row = signed_pairs_row<S, NB>;
 };
 
 template <class Dot>
@@ -446,7 +445,9 @@ static void int8_groups(const int8_t* xq, const float* xs, const int32_t* xc, in
     const int64_t gbytes = (int64_t)VGROUP * G * 256;  // a full group's bytes
     const int full = g1 < N16 / VGROUP ? g1 : N16 / VGROUP;
     const int run = full > g0 ? (full - g0) / ASTREAMS : 0;
-    const auto row = [&](int m) { return RowActs{xq + (int64_t)m * G * 16, xs + (int64_t)m * G, xc + (int64_t)m * G}; };
+    const auto row = [&](int m) {
+        return RowActs{xq + (int64_t)m * G * 16, xs + (int64_t)m * G, xc + (int64_t)m * G};
+    };
     for (int g = g0; g < g0 + run; ++g)
         for (int m = 0; m < M; ++m)
             Dot::template row<ASTREAMS, VGROUP>(row(m), G, wp + g * gbytes, run * gbytes, (int64_t)run * VGROUP * 16,
@@ -516,11 +517,11 @@ extern "C" int specrl_small_gemm_int8_avx2(const float* x, const uint8_t* wp, co
 
 #ifdef SPECRL_AVX_VNNI
 struct Vnni256Vex {
-    template <int S, int NB> static constexpr Int8Row<S, NB> row = vex_row<S, NB>;
+    template <int S, int NB> static constexpr Int8Row row = vex_row<S, NB>;
 };
 #endif
 struct Vnni256Evex {
-    template <int S, int NB> static constexpr Int8Row<S, NB> row = evex_row<S, NB>;
+    template <int S, int NB> static constexpr Int8Row row = evex_row<S, NB>;
 };
 
 #pragma GCC push_options

@@ -104,10 +104,10 @@ class Int8Projection:
     """y ~ x (q * scale)^T (+ bias): a `Projection`'s W rounded to int8 per output row (symmetric, fp32 scale;
     `small_gemm.quantize_int8`), for the int8 self-draft.
 
-    kernel  None: `default_int8_kernel`; `vnni` / `avx-vnni` / `avx2-int8`: each row of x rounded to int8 in groups of 16
-            along K too (`small_gemm.quantize_activations`) and multiplied in integers; `avx512` / `avx2`: activations
-            stay fp32 and each int8 weight is widened in registers. Each streams a quarter of fp32's bytes at
-            every M (there is no int8 MKL path to hand large M to). `eager`, and wherever the fast path is
+    kernel  None: `default_int8_kernel`; `vnni` / `avx-vnni` / `avx2-int8`: each row of x rounded to int8 in
+            groups of 16 along K too (`small_gemm.quantize_activations`) and multiplied in integers; `avx512` /
+            `avx2`: activations stay fp32 and each int8 weight is widened in registers. Each streams a quarter of
+            fp32's bytes at every M (there is no int8 MKL path to hand large M to). `eager`, and wherever the fast path is
             off: the rounded weights applied dequantized to fp32 activations, the `avx512` / `avx2` draft.
     """
 
