@@ -540,7 +540,8 @@ extern "C" int specrl_small_gemm_avx_vnni_supported(void) {
 extern "C" int specrl_small_gemm_avx_vnni(const float* x, const uint8_t* wp, const float* scale, float* y, int M,
                                           int N16, int K, int threads) {
 #ifdef SPECRL_AVX_VNNI
-    if (specrl_small_gemm_avx_vnni_supported() == 2) {
+    static const bool vex = specrl_small_gemm_avx_vnni_supported() == 2;  // the CPU's answer, asked once
+    if (vex) {
         int8_gemm<Vnni256Vex>(x, wp, scale, y, M, N16, K, threads);
         return 0;
     }

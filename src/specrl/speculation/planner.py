@@ -312,10 +312,8 @@ class Planner:
     def ran_call(self, rows: int, sizes) -> None:
         """A call of `rows` rows ran normally, its steps at these live batch sizes: the next calls of as many rows
         weigh these sizes' ranges (`plain_call`): a drain's, or only their own where every row ends together."""
-        ranges = frozenset(size.bit_length() for size in sizes)
-        if self._call_ranges.get(rows) != ranges:
-            self._call_ranges[rows] = ranges
-            self._plain_calls.pop(rows, None)
+        self._call_ranges[rows] = frozenset(size.bit_length() for size in sizes)  # (its observed steps cleared
+        # what `plain_call` had found)
 
     def _prices_plain(self, batch: int) -> bool:
         """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding."""
