@@ -525,6 +525,44 @@ def test_plain_decoding_is_priced_from_plain_steps_and_kept_current():
     assert chosen.index(0) < 5 and chosen[-100:].count(0) >= 97  # plain, but for the refreshes (after 32, 64 off)
 
 
+def test_plain_decoding_is_kept_current_at_each_batch_size_apart():
+    """`tiny`'s int8 self-draft at 16 rows: plain steps measured in a size's first call run cold (1.5x), so k = 1,
+    in truth slower, looked faster there; each call's drain then measured plain steps at 4 rows, which kept
+    plain's fit current only there, and 16 rows speculated for good. Now each batch size's plain price is kept
+    current apart, and forgets what was measured many steps ago: speculation at 16 rows turns off."""
+    planner = Planner(max_k=2, prior_acceptance=0.95)
+    plain = lambda b: 0.001 * (1 + b / 64)  # noqa: E731
+    cost = lambda b, k: plain(b) * (1 + (1.3 if b == 16 else 3) * k) if k else plain(b)  # noqa: E731  never pays
+    at_16 = []
+    for call in range(100):
+        planner.prefilled()
+        for batch in (16, 16, 16, 16, 4, 4, 4):
+            k = planner.choose(batch)
+            cold = 1.5 if call == 0 and batch == 16 and not k else 1.0
+            planner.observe(batch, k, cost(batch, k) * cold, [batch] * k)
+            if batch == 16:
+                at_16.append(k)
+    assert any(at_16[4:40]) and at_16[-160:].count(0) >= 150  # plain at 16 rows, but for the refreshes
+
+
+def test_a_plain_step_is_priced_without_the_choice_made_in_it():
+    """Pricing a step took ~0.17 ms on `tiny` where it chose plain, against ~0.6 ms for the plain step at 16 rows:
+    timed with it, plain decoding looked 30% dearer than it runs once it stands (unpriced), and k = 1, in truth
+    slower, looked faster. A speculative step is priced every time: its time keeps the choice. (Every step is
+    priced here, none held: what each plain step measures is then timed with a choice.)"""
+    planner = Planner(max_k=1, prior_acceptance=0.95, reprice_every=1, reprice_max=1)
+    choice = {"priced": 0.6e-3, "priced-plain": 0.6e-3}  # seconds the choice took, by reason
+    chosen = []
+    for step in range(200):
+        plan = planner.choose_step(16)
+        spent = choice.get(plan.reason, 0.0)
+        seconds = 0.001 * (2.2 if plan.k else 1.0) + spent  # tau(1) <= 1.95 < 2.2: k = 1 never pays
+        planner.observe(16, plan.k, seconds, [16] * plan.k, choice_seconds=spent)
+        chosen.append(plan.k)
+    assert chosen[-100:].count(0) >= 97  # plain, but for the refreshes
+    assert abs(planner.plain_seconds(16) - 0.001) < 1e-9
+
+
 def test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step():
     """Pricing costs ~60 us per step with cold caches (after a model pass), ~10% of a plain `tiny` step."""
     planner = Planner(max_k=3)
@@ -572,6 +610,25 @@ def test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often():
     planner.observe(16, 1, cost(16, 1), [8])
     at = priced_at(16, 30)
     assert at[:2] == [0, 8]
+
+
+def test_a_speculative_step_ends_the_hold_in_its_own_batch_range_only():
+    """`tiny`'s calls of 16 rows with the int8 self-draft speculated in their last rows, where the draft pays, and
+    each such step ended every range's hold: every call priced plain decoding again at 16, 8-15 and 4-7 rows
+    (~0.13 ms a pricing, against ~0.6 ms for a plain step). Now a speculative step ends its own range's hold."""
+    planner = Planner(max_k=3, refresh_every=10 ** 6)  # no refreshes: only pricing decides
+    cost = lambda b, k: 0.001 * b * (k + 1) if b > 1 else 0.001 * (1 + 0.05 * k)  # noqa: E731  pays at 1 row only
+    priced, speculated = [], []
+    for call in range(60):  # a few calls of one row first: the draft is fitted there
+        planner.prefilled()
+        for batch in (1,) * 7 if call < 3 else (16, 16, 16, 16, 1, 1, 1):
+            plan = planner.choose_step(batch)
+            planner.observe(batch, plan.k, cost(batch, plan.k), [batch] * plan.k)
+            if batch == 16 and plan.reason == "priced-plain":
+                priced.append(call)
+            speculated.append(batch == 1 and plan.k > 0)
+    assert sum(speculated[-70:]) >= 25  # each call's last rows speculate
+    assert len([call for call in priced if call >= 30]) <= 3  # 16 rows: priced every 64 steps, not every call
 
 
 def test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short():
@@ -679,6 +736,42 @@ def test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding():
     paying = Planner(max_k=3)
     assert not any(run_call(paying, kept=1) for _ in range(20))
     assert not Planner(max_k=0).plain_call(16, 40) and not Planner(max_k=3, adaptive=False).plain_call(16, 40)
+
+
+def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
+    """`tiny`'s int8 self-draft after a run at 1 row: the first call of 4 rows ran cold (its plain steps 1.5x), so
+    plain decoding looked steep in B, a verify over 4 (1 + k) rows dear, and no draft could pay at 4 rows; every
+    later call of 4 rows then ran as plain decoding, which measured nothing, for `refresh_max` steps (1.0x where
+    the draft pays 1.35x). Now a plain call's steps are measured, and the verdict is found again once the plain
+    prices it rested on moved."""
+    planner = Planner(max_k=3)
+    plain = lambda b: 0.001 * (0.5 + 0.01 * b)  # noqa: E731  overhead-bound, as `tiny`'s steps are
+
+    def normal_call(rows, cold=1.0):
+        planner.prefilled()
+        drafts = []
+        for _ in range(8):
+            k = planner.choose(rows)
+            draft = 0.0003 * k
+            planner.observe(rows, k, plain(rows * (k + 1)) * (1.0 if k else cold) + draft, [rows] * k,
+                            draft_seconds=draft)
+            drafts.append(k)
+        planner.ran_call(rows, {rows})
+        return drafts
+
+    for _ in range(10):
+        normal_call(1)
+    assert not any(normal_call(4, cold=1.5))
+    calls = []
+    for _ in range(40):  # as the engine runs them
+        if planner.plain_call(4, max_tokens=8):
+            for step in range(1, 8):  # its first step is not measured
+                planner.plain_call_step(4, plain(4))
+            planner.ran_plain_call(8, 8 * plain(4))
+            calls.append("plain")
+        else:
+            calls.append(sum(k > 0 for k in normal_call(4)))
+    assert calls[0] == "plain" and calls[-30:].count("plain") == 0 and min(calls[-30:]) >= 6
 
 
 def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():

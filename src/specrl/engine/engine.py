@@ -329,6 +329,7 @@ class RolloutEngine:
             generated = batch.num_tokens - batch.prompt_len if speculating else None  # [B]: where each row is
             room = call.params.max_tokens - int(generated.min()) if speculating else None
             plan = self.planner.choose_step(B, room, generated)
+        chosen = time.perf_counter()
         k, width = plan.k, plan.width
         call.plan_reasons[plan.reason] = call.plan_reasons.get(plan.reason, 0) + 1
         tree = TreeShape(width, k) if width > 1 else None
@@ -354,7 +355,9 @@ class RolloutEngine:
             setup = proposal.setup_seconds  # one-off work (a rebuild), not what this option costs a step
             self.planner.observe(B, k, step_seconds - setup, per_pos, draft_seconds=draft_seconds - setup,
                                  width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()) if any_done else 0,
-                                 setup_seconds=setup)
+                                 setup_seconds=setup, choice_seconds=chosen - step_start)
+        elif call.plain and call.steps > 1:  # (a call's first step runs on caches its prefill left cold)
+            self.planner.plain_call_step(B, step_seconds)
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         self._price_as_plain(call, B, k, step_seconds, kept)

@@ -13,7 +13,11 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
  3. P per position given the positions before, per sampling setting and tree width, from the prior.
     `test_acceptance_is_estimated_per_position_given_the_positions_before`, `..._kept_apart_per_sampling_setting`
  4. T from least-squares fits with forgetting (`step_time`); plain decoding, where plain steps ran at this B,
-    at their decayed mean there. `test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_...`
+    at their mean there, each older one keeping `plain_decay` of its weight per step at this B (plain or not); a
+    plain step's time leaves out the planner's choice in it (plain decoding that stands runs unpriced: rule 10),
+    a speculative step's keeps it (each is priced).
+    `test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_...`,
+    `test_a_plain_step_is_priced_without_the_choice_made_in_it`
  5. Not fitted: the first speculative step, the step after a prefill, a plain step after a speculative one.
     `test_the_first_speculative_step_is_not_fitted`, `test_the_first_step_after_a_prefill_is_not_fitted`
  6. An option not yet run in a power-of-two range of B: its verify priced as a plain step over as many tokens;
@@ -35,12 +39,14 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     a weight load, which rebuild what the proposer made from the weights) spread over the most tokens a row
     may still emit: tau(k) / room of it. `test_a_call_too_short_to_repay_the_proposers_setup_decodes_plainly`,
     `test_setup_after_a_weight_load_is_priced_apart_from_a_calls_own`
- 9. While speculating, two plain steps per `refresh_every` keep plain's fit current.
-    `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`
+ 9. While speculating at a batch size, two plain steps per `refresh_every` speculative steps there keep its plain
+    price current. `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`,
+    `test_plain_decoding_is_kept_current_at_each_batch_size_apart`
 10. Where pricing chose plain, it stands `reprice_every` steps there unpriced; each further pricing there that
-    chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation; any speculative
-    step ends the holds (what it measured is priced next), as does a call of the other kind than the last
-    (after a weight load or not: rule 8a); a wait past `reprice_every` ends where a refresh may run (rule 8).
+    chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation there; a speculative
+    step ends the hold in its range (what it measured is priced next there; a hold elsewhere runs out within
+    `reprice_max` steps), a call of the other kind than the last every hold (after a weight load or not: rule 8a);
+    a wait past `reprice_every` ends where a refresh may run (rule 8).
     `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`,
     `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`,
     `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`
@@ -51,7 +57,9 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     hidden states at its steps) where pricing chooses plain at every batch range its drain reaches (those the
     last normal call of as many rows stepped at: `ran_call`), no option allowed and left to explore at its
     batch size could pay, and no refresh could come due in those ranges before it ends; its steps count
-    towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row.
+    towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row. Its steps after the
+    first are plain steps measured (rule 4), and the verdict is found again once a plain price it rested on moved
+    by `plain_call_drift` (a size's first calls run cold: a verdict found on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
     `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`
 """
@@ -97,7 +105,7 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
             "(twice as many after each further such pricing, up to reprice_max)",
     "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance and setup",
     "explore": "an option not yet measured at this batch size runs so that it can be priced",
-    "plain-fit": "a plain step among speculative ones keeps the plain step's time fit current",
+    "plain-fit": "a plain step among speculative ones at this batch size keeps its plain price current",
     "priced-plain": "priced: no option beats plain decoding's expected tokens per second by min_gain",
     "priced": "priced: this option's expected tokens per second beat plain decoding's by min_gain",
     "plain-call": "pricing chose plain at every batch size of the call, and no explore or refresh was due: the call "
@@ -116,7 +124,8 @@ class Planner:
     min_samples: int = 2  # steps with k = 0 and k = max_k (over the planner's life) before the fits are trusted
     refresh_every: int = 32  # after this many k = 0 steps in a row, speculate once to re-measure acceptance
     refresh_max: int = 1024  # the wait doubles after each refresh that leaves speculation off, up to this
-    plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters)
+    plain_decay: float = 0.9  # the plain-step fit keeps this share of its weight per plain step (two parameters),
+    # a batch size's plain mean per step there
     stop_decay: float = 0.99  # each step keeps this share of the stop and kept-token counts
     length_decay: float = 0.98  # each retired row keeps this share of the older rows' weight (`ResponseLengths`)
     refresh_weight: float = 0.5  # weight of a refresh step in the acceptance moving averages
@@ -128,6 +137,8 @@ class Planner:
     reprice_every: int = 8  # with plain decoding chosen at a batch size, it stands there this many steps unpriced
     reprice_max: int = 64  # ... doubling with each further pricing there that chooses plain, up to this many
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
+    plain_call_drift: float = 0.1  # `plain_call`'s verdict is found again once a plain price it rested on moved
+    # by this share
 
     def __post_init__(self):
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
@@ -135,13 +146,14 @@ class Planner:
         extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
         self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
         self._plain_at: dict[int, list[float]] = {}  # batch -> [decayed mean, weight] of the plain steps measured there
+        self._speculated_at: Counter = Counter()  # batch -> speculative steps there since its last plain step measured
         self.verify_times = StepTimeModel(features=verify_features(extras))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range),
-        # until the next observed step or sampling setting (`plain_call`)
-        self._plain_calls: dict[int, tuple[bool, bool]] = {}
+        # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range,
+        # the plain prices it rested on), until the next observed step or sampling setting (`plain_call`)
+        self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]]]] = {}
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
         self._call_ranges: dict[int, frozenset[int]] = {}  # rows -> the batch ranges the last normal call of as
         # many rows stepped at (`ran_call`)
@@ -150,7 +162,6 @@ class Planner:
         self.acceptance: dict[int, AcceptanceEstimate] | None = None  # the current setting's (`use_sampling`)
         self.use_sampling(None)
         self.off_streak = 0  # consecutive steps run with k = 0
-        self.on_streak = 0  # speculative steps since the last plain step measured
         self._last_k = 0  # the last step's k
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
         self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
@@ -270,9 +281,10 @@ class Planner:
 
     def _measured_plain(self, batch: int, seconds: float) -> None:
         """A plain step measured at `batch` rows, on caches as plain decoding leaves them: into that size's mean,
-        each older step keeping `plain_decay` of its weight."""
+        the older ones keeping `plain_decay` of their weight per step run there since (a size's first calls run
+        cold, and while speculating there its plain steps are few: their price would stand for good)."""
         seen = self._plain_at.setdefault(batch, [seconds, 0.0])
-        seen[1] = self.plain_decay * seen[1] + 1.0
+        seen[1] = self.plain_decay ** (1 + self._speculated_at.pop(batch, 0)) * seen[1] + 1.0
         seen[0] += (seconds - seen[0]) / seen[1]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
@@ -294,18 +306,22 @@ class Planner:
         stepped at (every power of two below `rows` before one ran: a drain's ranges), no option allowed at `rows`
         and left to explore there could pay (the drain's smaller ranges explore in the calls that run normally: a
         drain reaches them with little room), and no refresh could come due within the call in those ranges;
-        false once such calls ran `refresh_max` steps since the last observed step."""
+        false once such calls ran `refresh_max` steps since the last observed step. Found again once a plain price
+        it rested on moved by `plain_call_drift` (`plain_call_step` measures them)."""
         if not (self.adaptive and self.max_k and self.plain_times.fitted) or self._plain_call_steps >= self.refresh_max:
             return False
-        if rows not in self._plain_calls:
+        verdict = self._plain_calls.get(rows)
+        if verdict is None or any(abs(self.plain_seconds(size) - seconds) > self.plain_call_drift * seconds
+                                  for size, seconds in verdict[2]):
             ranges = self._call_ranges.get(rows, range(1, rows.bit_length() + 1))
             sizes = sorted({rows} | {1 << (here - 1) for here in ranges if here < rows.bit_length()})
             explore = any(self._unexplored(option, rows) and self._could_pay(option, rows)
                           for option in self._allowed_options(rows, None)[1:])
             plain = not explore and all(self._prices_plain(size) for size in sizes)
-            refresh = any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True) for size in sizes)
-            self._plain_calls[rows] = plain, refresh
-        plain, refresh = self._plain_calls[rows]
+            refresh = plain and any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True)
+                                    for size in sizes)
+            self._plain_calls[rows] = plain, refresh, [(size, self.plain_seconds(size)) for size in sizes]
+        plain, refresh, _ = self._plain_calls[rows]
         paid_off = self.probe_debt <= self.probe_share * max_tokens * self.plain_seconds(rows)  # within the call
         return plain and not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
 
@@ -319,6 +335,12 @@ class Planner:
         """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding."""
         allowed, seconds, curves = self._priced(batch, None)
         return self._best(allowed, seconds, curves) == 0
+
+    def plain_call_step(self, batch: int, seconds: float) -> None:
+        """A step of a call `plain_call` allowed, after its first (which runs on caches the prefill left cold): a
+        plain step measured, as observed ones are (rule 14)."""
+        self.plain_times.add(batch, 0, seconds)
+        self._measured_plain(batch, seconds)
 
     def ran_plain_call(self, steps: int, seconds: float) -> None:
         """A call `plain_call` allowed ran `steps` plain steps in `seconds` (none observed): they count towards a
@@ -359,8 +381,9 @@ class Planner:
             for option in firsts + [o for o in allowed if o not in firsts]:
                 if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room=room)):
                     return StepPlan(*option, "explore")
-        if self.on_streak >= self.refresh_every:  # plain steps now and then keep the plain fit current: two, as
-            return StepPlan(0, 1, "plain-fit")  # the first after a speculative step is not measured (`observe`)
+        if self._speculated_at.get(batch, 0) >= self.refresh_every:  # plain steps now and then keep this size's
+            return StepPlan(0, 1, "plain-fit")  # price current: two, as the first after a speculative step is not
+            # measured (`observe`)
         allowed, seconds, curves = self._priced(batch, room)
         best = self._best(allowed, seconds, curves)
         if not best:  # plain wherever the rows are: it stands
@@ -457,11 +480,14 @@ class Planner:
 
     def observe(self, batch: int, k: int, seconds: float, accepted_per_pos: list[int],
                 draft_seconds: float = 0.0, width: int = 1, kept_tokens: int = 0, stopped_rows: int = 0,
-                setup_seconds: float = 0.0) -> None:
+                setup_seconds: float = 0.0, choice_seconds: float = 0.0) -> None:
         """Record one step: its wall time (of which `draft_seconds` inside the proposer), per draft
         position along the accepted path how many rows accepted it, the tokens its rows kept and how
         many rows a stop token or string ended; `setup_seconds`: the proposer's one-off work in the step,
-        left out of `seconds` (not what the option costs a step, but what a call pays to start: rules 8, 8a)."""
+        left out of `seconds` (not what the option costs a step, but what a call pays to start: rules 8, 8a);
+        `choice_seconds`: this planner's choice of the step, in `seconds` (left out of a plain step's: rule 4)."""
+        if not k:
+            seconds -= choice_seconds
         if self._plain_calls:  # what `plain_call` found rests on the fits this step may change
             self._plain_calls.clear()
         self._plain_call_steps = 0
@@ -488,11 +514,11 @@ class Planner:
             self._last_k = 0
             return
         after_speculation, self._last_k = self._last_k > 0, k
-        if k:  # what it measured is priced at each range's next step; a wait starts again once speculation won
-            self._plain_holds.clear()
+        if k:  # what it measured is priced at its range's next step; the wait there starts again if speculation won
+            self._plain_holds.pop(batch.bit_length(), None)
             if self.last.reason == "priced":
-                self._plain_waits.clear()
-            self.on_streak += 1
+                self._plain_waits.pop(batch.bit_length(), None)
+            self._speculated_at[batch] += 1
         if not first:  # the first step after a prefill runs on caches it left cold (module docstring)
             self.verify_times.add(batch, k, seconds - draft_seconds, width)
             if k:
@@ -502,7 +528,6 @@ class Planner:
             elif not after_speculation:  # not right after a draft's pass (module docstring)
                 self.plain_times.add(batch, 0, seconds)
                 self._measured_plain(batch, seconds)
-                self.on_streak = 0
             if k or not after_speculation:
                 self.samples[(k, width)][batch.bit_length()] += 1
         if k:
