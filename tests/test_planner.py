@@ -821,7 +821,8 @@ def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
 
 def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer():
     """Exactness: a plain call is plain decoding, token for token and logprob for logprob against an engine
-    without a proposer on the same seeds; the head is not started and reads no hidden states."""
+    without a proposer on the same seeds; the head is not started and reads no hidden states; the planner
+    measures its steps but the first (rule 14)."""
     from specrl.backends import BackendConfig, make_backend
     from specrl.sampling import SamplingParams
 
@@ -841,8 +842,12 @@ def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer
         assert [c.logprobs for c in ours.completions] == [c.logprobs for c in theirs.completions]
     assert ours.plan_reasons == {"plain-call": ours.steps}
     starts.clear(), observed.clear()
-    spec.generate(prompts, params)
+    measured, step = [], engine.planner.plain_call_step
+    engine.planner.plain_call_step = lambda batch, seconds: measured.append(batch) or step(batch, seconds)
+    result = spec.generate(prompts, params)
     assert not starts and not observed
+    assert result.plan_reasons == {"plain-call": result.steps}
+    assert measured == [size for _, size, _, _ in result.trace[1:]]
 
 
 def test_the_engine_counts_its_steps_by_the_planners_reason():
