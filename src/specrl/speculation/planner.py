@@ -279,10 +279,13 @@ class Planner:
         seen = self._plain_at.get(batch)
         return seen[0] if seen is not None else self.plain_times.predict(batch, 0)
 
-    def _measured_plain(self, batch: int, seconds: float) -> None:
-        """A plain step measured at `batch` rows, on caches as plain decoding leaves them: into that size's mean,
-        the older ones keeping `plain_decay` of their weight per step run there since (a size's first calls run
-        cold, and while speculating there its plain steps are few: their price would stand for good)."""
+    def _measured_plain(self, batch: int, seconds: float, fit: bool = True) -> None:
+        """A plain step measured at `batch` rows, on caches as plain decoding leaves them: into the plain fit (not
+        for a step held unpriced: `fit` False) and that size's mean, the older ones keeping `plain_decay` of their
+        weight per step run there since (a size's first calls run cold, and while speculating there its plain steps
+        are few: their price would stand for good)."""
+        if fit:
+            self.plain_times.add(batch, 0, seconds)
         seen = self._plain_at.setdefault(batch, [seconds, 0.0])
         seen[1] = self.plain_decay ** (1 + self._speculated_at.pop(batch, 0)) * seen[1] + 1.0
         seen[0] += (seconds - seen[0]) / seen[1]
@@ -339,7 +342,6 @@ class Planner:
     def plain_call_step(self, batch: int, seconds: float) -> None:
         """A step of a call `plain_call` allowed, after its first (which runs on caches the prefill left cold): a
         plain step measured, as observed ones are (rule 14)."""
-        self.plain_times.add(batch, 0, seconds)
         self._measured_plain(batch, seconds)
 
     def ran_plain_call(self, steps: int, seconds: float) -> None:
@@ -510,7 +512,7 @@ class Planner:
             first, self._drafted = True, True
         if self.last.reason == "held":  # plain decoding chosen unpriced is not fitted either (`reprice_every`), but
             if not first and not self._last_k:  # it is a plain step at this size (`plain_seconds`)
-                self._measured_plain(batch, seconds)
+                self._measured_plain(batch, seconds, fit=False)
             self._last_k = 0
             return
         after_speculation, self._last_k = self._last_k > 0, k
@@ -526,7 +528,6 @@ class Planner:
                 self._drafted_at.add(batch)
                 self._drafted_ranges.add(batch.bit_length())
             elif not after_speculation:  # not right after a draft's pass (module docstring)
-                self.plain_times.add(batch, 0, seconds)
                 self._measured_plain(batch, seconds)
             if k or not after_speculation:
                 self.samples[(k, width)][batch.bit_length()] += 1
