@@ -485,18 +485,49 @@ def test_tokens_past_a_rows_stop_are_not_counted():
 def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
     """Answers of 10 tokens: a row at position 9 keeps only its stop token whatever it drafts, so plain
     decoding wins there, where the one stop rate (1 in 10) would draft; mid-answer it drafts. Plain chosen
-    only for where the rows are sets no hold: the next call's rows start at 0."""
+    only for where the rows are, outside a drain, sets no hold: the next call's rows start at 0."""
     cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
     planner = Planner(max_k=4, prior_acceptance=0.95)
     for _ in range(40):
         k = planner.choose(1)
         planner.observe(1, k, cost(1, k), [1] * k, kept_tokens=10, stopped_rows=1)
     planner.retired([10] * 50, [True] * 50)
+    planner.prefilled()  # a call of one row: it never drains
     assert planner.choose_step(1, generated=[0])[0] == 4
     assert planner.choose_step(1)[0] == 4  # the one rate: drafts
     assert planner.choose_step(1, generated=[9])[0] == 0
-    assert not planner._plain_holds
+    planner.prefilled()
+    assert planner.held(1) is None
     assert planner.choose_step(1, generated=[3])[0] == 4
+
+
+def test_plain_chosen_where_a_drains_rows_are_stands_in_later_drains_but_not_at_a_calls_start():
+    """Answers of 10 tokens, calls of 4 rows: where a call's drain (after its first row ended) has rows at
+    position 9, pricing by their places chooses plain; it stands there, unpriced, in the next calls' drains
+    (`tiny` at 16 rows priced each call's drain at 4 rows, ~2% of a call each), but not at a call's start,
+    whose rows start at 0 (a speculative step there ends the hold, as rule 10's do)."""
+    cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
+    planner = Planner(max_k=4, prior_acceptance=0.95)
+    for _ in range(40):
+        k = planner.choose(4)
+        planner.observe(4, k, cost(4, k), [4] * k, kept_tokens=40, stopped_rows=4)
+    planner.retired([10] * 50, [True] * 50)
+    planner.prefilled()
+    assert planner.choose_step(4, generated=[0] * 4).reason == "priced"
+    planner.retired([10], [True])  # a row ended: the drain
+    assert planner.choose_step(4, generated=[9] * 4) == StepPlan(0, 1, "priced-plain")
+    assert planner.held(4) == StepPlan(0, 1, "held")  # the rest of this drain
+    for call in range(3):  # calls of 16 rows: they speculate from their start, and their drains at 4 rows are held
+        planner.prefilled()
+        for step in range(3):
+            plan = planner.choose_step(16, generated=[step] * 16)
+            planner.observe(16, plan.k, cost(16, plan.k), [16] * plan.k)
+        planner.retired([10] * 12, [True] * 12)
+        assert planner.held(4) == StepPlan(0, 1, "held")
+    planner.prefilled()  # a call of 4 rows: not held at its start, whose rows start at 0
+    assert planner.held(4) is None
+    plan = planner.choose_step(4, generated=[0] * 4)
+    assert plan.reason == "priced" and plan.k
 
 
 def test_no_step_drafts_past_the_room_rows_have_left():

@@ -46,10 +46,13 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation there; a speculative
     step ends the hold in its range (what it measured is priced next there; a hold elsewhere runs out within
     `reprice_max` steps), a call of the other kind than the last every hold (after a weight load or not: rule 8a);
-    a wait past `reprice_every` ends where a refresh may run (rule 8).
+    a wait past `reprice_every` ends where a refresh may run (rule 8). Where only the live rows' own chances to
+    go on chose plain (they are late in their answers) in a call's drain (after its first row ended), plain stands
+    `reprice_every` steps unpriced in that range's drains (the next calls' rows start at 0 there).
     `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`,
     `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`,
-    `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`
+    `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`,
+    `test_plain_chosen_where_a_drains_rows_are_stands_in_later_drains_but_not_at_a_calls_start`
 11. No draft past the room a row has left before max_tokens. `test_no_step_drafts_past_the_room_rows_have_left`
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
@@ -151,6 +154,8 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
+        self._drain_holds: dict[int, int] = {}  # the same in calls' drains, where the rows' places chose plain
+        self._draining = False  # a row of this call retired: the live rows are late in their answers
         # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range,
         # the plain prices it rested on), until the next observed step or sampling setting (`plain_call`)
         self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]]]] = {}
@@ -189,7 +194,8 @@ class Planner:
                 w: AcceptanceEstimate(self.max_k, self.prior_acceptance, self.smoothing, self.prior_rows)
                 for w in range(1, self.widest + 1)}
         if self.acceptance is not self.acceptance_by_sampling[setting]:
-            self._plain_holds.clear()  # chosen under the last setting's acceptance
+            self._plain_holds.clear()  # (both kinds) chosen under the last setting's acceptance
+            self._drain_holds.clear()
             self._plain_waits.clear()
             self._plain_calls.clear()
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
@@ -199,13 +205,16 @@ class Planner:
         first after a weight load or not: the next step is not fitted, and the next speculative step pays the
         proposer's setup (module docstring)."""
         self._after_prefill = True
+        self._draining = False
         if weights_changed != self._weights_changed:  # the setup priced changes (rule 8a): price again
             self._plain_holds.clear()
+            self._drain_holds.clear()
         self._set_up, self._weights_changed = False, weights_changed
 
     def retired(self, lengths: list[int], stopped: list[bool]) -> None:
         """Rows left the batch: the tokens each generated and whether a stop token or string ended it."""
         self.lengths.retire(lengths, stopped)
+        self._draining = True
 
     @property
     def widest(self) -> int:
@@ -355,9 +364,10 @@ class Planner:
         """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
         where `choose_step` decides, with the rows' room and lengths (which held steps need not be told)."""
         here = batch.bit_length()
-        if not (self.adaptive and self.max_k and self._plain_holds.get(here)):
+        holds = self._drain_holds if self._draining and self._drain_holds.get(here) else self._plain_holds
+        if not (self.adaptive and self.max_k and holds.get(here)):
             return None
-        self._plain_holds[here] -= 1
+        holds[here] -= 1
         self.last = StepPlan(0, 1, "held")
         return self.last
 
@@ -392,11 +402,13 @@ class Planner:
             self._hold_plain(batch)
             return StepPlan(*allowed[0], "priced-plain")
         if generated is not None:
-            curves = self._expected_curves(self._go_on(generated))
-            best = self._best(allowed, seconds, curves)
-        if best:
-            self.refresh_wait = self.refresh_every
-        return StepPlan(*allowed[best], "priced" if best else "priced-plain")
+            best = self._best(allowed, seconds, self._expected_curves(self._go_on(generated)))
+        if not best:  # plain where these rows are: it stands in the drains of the calls to come
+            if self._draining:
+                self._drain_holds[batch.bit_length()] = self.reprice_every - 1
+            return StepPlan(*allowed[0], "priced-plain")
+        self.refresh_wait = self.refresh_every
+        return StepPlan(*allowed[best], "priced")
 
     def _priced(self, batch: int, room: int | None) -> tuple[list[tuple[int, int]], list[float], list[list[float]]]:
         """What pricing weighs at `batch` rows: the options allowed (plain first), their step seconds (the call's
@@ -518,6 +530,7 @@ class Planner:
         after_speculation, self._last_k = self._last_k > 0, k
         if k:  # what it measured is priced at its range's next step; the wait there starts again if speculation won
             self._plain_holds.pop(batch.bit_length(), None)
+            self._drain_holds.pop(batch.bit_length(), None)
             if self.last.reason == "priced":
                 self._plain_waits.pop(batch.bit_length(), None)
             self._speculated_at[batch] += 1
