@@ -805,6 +805,31 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
     assert calls[0] == "plain" and calls[-30:].count("plain") == 0 and min(calls[-30:]) >= 6
 
 
+def test_what_plain_call_found_stands_across_held_steps():
+    """`tiny`'s int8 self-draft at 16 rows: calls whose every step was held plain found the plain-call verdict
+    again at each call's start (~0.2 ms of a ~8 ms call). A held step is not fitted, so the verdict stands (its
+    size's plain price, checked for drift, is all such a step moves); a fitted step makes it found again."""
+    planner = Planner(max_k=3)
+    plain = lambda b: 0.001 * (1 + b)  # noqa: E731  compute-bound: no draft pays past a few rows
+    for _ in range(6):
+        planner.prefilled()
+        for _ in range(8):
+            k = planner.choose(16)
+            planner.observe(16, k, plain(16 * (k + 1)) + 0.0003 * k, [16] * k, draft_seconds=0.0003 * k)
+        planner.ran_call(16, {16, 4})  # its drain reached 4 rows, where a draft pays
+    priced = []
+    planner._prices_plain = lambda batch, found=planner._prices_plain: priced.append(batch) or found(batch)
+    assert not planner.plain_call(16, max_tokens=8) and priced
+    priced.clear()
+    planner.prefilled()
+    assert planner.held(16)
+    planner.observe(16, 0, plain(16), [])
+    assert not planner.plain_call(16, max_tokens=8) and not priced
+    assert planner.choose_step(2) == StepPlan(0, 1, "explore")  # no hold at 2 rows: fitted
+    planner.observe(2, 0, plain(2), [])
+    assert not planner.plain_call(16, max_tokens=8) and priced
+
+
 def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
     """On `tiny` a refresh, and a tree, could pay only at one live row. Calls of 16 rows whose rows all end
     together never step there, so their normal calls never ran the refresh or explored the tree: both stayed

@@ -61,10 +61,12 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     last normal call of as many rows stepped at: `ran_call`), no option allowed and left to explore at its
     batch size could pay, and no refresh could come due in those ranges before it ends; its steps count
     towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row. Its steps after the
-    first are plain steps measured (rule 4), and the verdict is found again once a plain price it rested on moved
-    by `plain_call_drift` (a size's first calls run cold: a verdict found on their prices stood for good).
+    first are plain steps measured (rule 4), and the verdict is found again after any observed step but a held one
+    (which fits nothing) or once a plain price it rested on moved by `plain_call_drift` (a size's first calls run cold: a
+    verdict found on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
-    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`
+    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`,
+    `test_what_plain_call_found_stands_across_held_steps`
 """
 from __future__ import annotations
 
@@ -502,8 +504,9 @@ class Planner:
         `choice_seconds`: this planner's choice of the step, in `seconds` (left out of a plain step's: rule 4)."""
         if not k:
             seconds -= choice_seconds
-        if self._plain_calls:  # what `plain_call` found rests on the fits this step may change
-            self._plain_calls.clear()
+        if self._plain_calls and self.last.reason != "held":  # what `plain_call` found rests on the fits this step
+            self._plain_calls.clear()  # may change (a held step is not fitted: its size's plain price, checked for
+            # drift, is all it moves)
         self._plain_call_steps = 0
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
