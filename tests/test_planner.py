@@ -502,28 +502,30 @@ def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
 
 
 def test_plain_chosen_where_a_drains_rows_are_stands_in_later_drains_but_not_at_a_calls_start():
-    """Answers of 10 tokens, calls of 4 rows: where a call's drain (after its first row ended) has rows at
-    position 9, pricing by their places chooses plain; it stands there, unpriced, in the next calls' drains
-    (`tiny` at 16 rows priced each call's drain at 4 rows, ~2% of a call each), but not at a call's start,
-    whose rows start at 0 (a speculative step there ends the hold, as rule 10's do)."""
+    """Answers of 10 tokens: where a call's drain (after its first row ended) has rows at position 9, pricing by
+    their places chooses plain; it stands there, unpriced, in the next calls' drains as many steps into their
+    call or more (`tiny` at 16 rows priced each call's drain at 4 rows, ~2% of a call each), but not in a drain
+    that comes sooner, nor at a call's start, whose rows start at 0."""
     cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
     planner = Planner(max_k=4, prior_acceptance=0.95)
     for _ in range(40):
         k = planner.choose(4)
         planner.observe(4, k, cost(4, k), [4] * k, kept_tokens=40, stopped_rows=4)
     planner.retired([10] * 50, [True] * 50)
-    planner.prefilled()
-    assert planner.choose_step(4, generated=[0] * 4).reason == "priced"
-    planner.retired([10], [True])  # a row ended: the drain
-    assert planner.choose_step(4, generated=[9] * 4) == StepPlan(0, 1, "priced-plain")
-    assert planner.held(4) == StepPlan(0, 1, "held")  # the rest of this drain
-    for call in range(3):  # calls of 16 rows: they speculate from their start, and their drains at 4 rows are held
+
+    def call(steps: int):
+        """A call of 16 rows, `steps` steps before 12 rows end; returns its first step's plan at 4 rows."""
         planner.prefilled()
-        for step in range(3):
+        for step in range(steps):
             plan = planner.choose_step(16, generated=[step] * 16)
             planner.observe(16, plan.k, cost(16, plan.k), [16] * plan.k)
         planner.retired([10] * 12, [True] * 12)
-        assert planner.held(4) == StepPlan(0, 1, "held")
+        return planner.held(4) or planner.choose_step(4, generated=[9 if steps >= 3 else steps] * 4)
+
+    assert call(3) == StepPlan(0, 1, "priced-plain")
+    assert [call(3) for _ in range(3)] == [StepPlan(0, 1, "held")] * 3
+    plan = call(1)  # a drain one step into its call: its rows are early in their answers
+    assert plan.reason == "priced" and plan.k
     planner.prefilled()  # a call of 4 rows: not held at its start, whose rows start at 0
     assert planner.held(4) is None
     plan = planner.choose_step(4, generated=[0] * 4)

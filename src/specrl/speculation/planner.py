@@ -48,7 +48,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `reprice_max` steps), a call of the other kind than the last every hold (after a weight load or not: rule 8a);
     a wait past `reprice_every` ends where a refresh may run (rule 8). Where only the live rows' own chances to
     go on chose plain (they are late in their answers) in a call's drain (after its first row ended), plain stands
-    `reprice_every` steps unpriced in that range's drains (the next calls' rows start at 0 there).
+    `reprice_every` steps unpriced in that range's drains as many steps into their calls or more (rows at least
+    as far into their answers; the next calls' rows start at 0 there).
     `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`,
     `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`,
     `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`,
@@ -156,8 +157,10 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        self._drain_holds: dict[int, int] = {}  # the same in calls' drains, where the rows' places chose plain
+        self._drain_holds: dict[int, list[int]] = {}  # batch range -> [steps, from]: the same in calls' drains from
+        # their step `from` on, where the rows' places chose plain
         self._draining = False  # a row of this call retired: the live rows are late in their answers
+        self._call_steps = 0  # steps since the last prefill (at most the tokens each row has generated)
         # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range,
         # the plain prices it rested on), until the next observed step or sampling setting (`plain_call`)
         self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]]]] = {}
@@ -207,7 +210,7 @@ class Planner:
         first after a weight load or not: the next step is not fitted, and the next speculative step pays the
         proposer's setup (module docstring)."""
         self._after_prefill = True
-        self._draining = False
+        self._draining, self._call_steps = False, 0
         if weights_changed != self._weights_changed:  # the setup priced changes (rule 8a): price again
             self._plain_holds.clear()
             self._drain_holds.clear()
@@ -366,10 +369,15 @@ class Planner:
         """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
         where `choose_step` decides, with the rows' room and lengths (which held steps need not be told)."""
         here = batch.bit_length()
-        holds = self._drain_holds if self._draining and self._drain_holds.get(here) else self._plain_holds
-        if not (self.adaptive and self.max_k and holds.get(here)):
+        drain = self._drain_holds.get(here) if self._draining else None
+        if not (self.adaptive and self.max_k):
             return None
-        holds[here] -= 1
+        if drain and drain[0] and self._call_steps >= drain[1]:
+            drain[0] -= 1
+        elif self._plain_holds.get(here):
+            self._plain_holds[here] -= 1
+        else:
+            return None
         self.last = StepPlan(0, 1, "held")
         return self.last
 
@@ -406,8 +414,8 @@ class Planner:
         if generated is not None:
             best = self._best(allowed, seconds, self._expected_curves(self._go_on(generated)))
         if not best:  # plain where these rows are: it stands in the drains of the calls to come
-            if self._draining:
-                self._drain_holds[batch.bit_length()] = self.reprice_every - 1
+            if self._draining:  # (rows as far into their answers at least: as many steps into the call)
+                self._drain_holds[batch.bit_length()] = [self.reprice_every - 1, self._call_steps]
             return StepPlan(*allowed[0], "priced-plain")
         self.refresh_wait = self.refresh_every
         return StepPlan(*allowed[best], "priced")
@@ -508,6 +516,7 @@ class Planner:
             self._plain_calls.clear()  # may change (a held step is not fitted: its size's plain price, checked for
             # drift, is all it moves)
         self._plain_call_steps = 0
+        self._call_steps += 1
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
         elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
