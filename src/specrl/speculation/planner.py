@@ -107,8 +107,9 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "off": "no proposer: every step decodes plainly",
     "fixed": "adaptive K is off: every step runs max_k drafts (as a tree of fixed_width)",
     "no-room": "no live row may emit a token past the next one before max_tokens, so no draft could be kept",
-    "held": "plain decoding was priced best at this batch size lately and stands, unpriced, for reprice_every steps "
-            "(twice as many after each further such pricing, up to reprice_max)",
+    "held": "plain decoding was priced best at this batch size lately (in a drain: for rows as far into their "
+            "answers) and stands, unpriced, for reprice_every steps (twice as many after each further such pricing, "
+            "up to reprice_max)",
     "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance and setup",
     "explore": "an option not yet measured at this batch size runs so that it can be priced",
     "plain-fit": "a plain step among speculative ones at this batch size keeps its plain price current",
