@@ -62,9 +62,9 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     last normal call of as many rows stepped at: `ran_call`), no option allowed and left to explore at its
     batch size could pay, and no refresh could come due in those ranges before it ends; its steps count
     towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row. Its steps after the
-    first are plain steps measured (rule 4), and the verdict is found again after any observed step but a held one
-    (which fits nothing) or once a plain price it rested on moved by `plain_call_drift` (a size's first calls run cold: a
-    verdict found on their prices stood for good).
+    first are plain steps measured (rule 4), and the verdict is found again after any observed step but a held
+    one (which fits nothing) or once a plain price it rested on moved by `plain_call_drift` (a size's first calls
+    run cold: a verdict found on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
     `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`,
     `test_what_plain_call_found_stands_across_held_steps`
@@ -163,7 +163,7 @@ class Planner:
         self._draining = False  # a row of this call retired: the live rows are late in their answers
         self._call_steps = 0  # steps since the last prefill (at most the tokens each row has generated)
         # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range,
-        # the plain prices it rested on), until the next observed step or sampling setting (`plain_call`)
+        # the plain prices it rested on), until the next observed step but a held one, or sampling setting
         self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]]]] = {}
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
         self._call_ranges: dict[int, frozenset[int]] = {}  # rows -> the batch ranges the last normal call of as
@@ -369,10 +369,10 @@ class Planner:
     def held(self, batch: int) -> StepPlan | None:
         """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
         where `choose_step` decides, with the rows' room and lengths (which held steps need not be told)."""
-        here = batch.bit_length()
-        drain = self._drain_holds.get(here) if self._draining else None
         if not (self.adaptive and self.max_k):
             return None
+        here = batch.bit_length()
+        drain = self._drain_holds.get(here) if self._draining else None
         if drain and drain[0] and self._call_steps >= drain[1]:
             drain[0] -= 1
         elif self._plain_holds.get(here):
