@@ -485,51 +485,18 @@ def test_tokens_past_a_rows_stop_are_not_counted():
 def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
     """Answers of 10 tokens: a row at position 9 keeps only its stop token whatever it drafts, so plain
     decoding wins there, where the one stop rate (1 in 10) would draft; mid-answer it drafts. Plain chosen
-    only for where the rows are, outside a drain, sets no hold: the next call's rows start at 0."""
+    only for where the rows are sets no hold: the next call's rows start at 0."""
     cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
     planner = Planner(max_k=4, prior_acceptance=0.95)
     for _ in range(40):
         k = planner.choose(1)
         planner.observe(1, k, cost(1, k), [1] * k, kept_tokens=10, stopped_rows=1)
     planner.retired([10] * 50, [True] * 50)
-    planner.prefilled()  # a call of one row: it never drains
     assert planner.choose_step(1, generated=[0])[0] == 4
     assert planner.choose_step(1)[0] == 4  # the one rate: drafts
     assert planner.choose_step(1, generated=[9])[0] == 0
-    planner.prefilled()
-    assert planner.held(1) is None
+    assert not planner._plain_holds
     assert planner.choose_step(1, generated=[3])[0] == 4
-
-
-def test_plain_chosen_where_a_drains_rows_are_stands_in_later_drains_but_not_at_a_calls_start():
-    """Answers of 10 tokens: where a call's drain (after its first row ended) has rows at position 9, pricing by
-    their places chooses plain; it stands there, unpriced, in the next calls' drains as many steps into their
-    call or more (`tiny` at 16 rows priced each call's drain at 4 rows, ~2% of a call each), but not in a drain
-    that comes sooner, nor at a call's start, whose rows start at 0."""
-    cost = lambda b, k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: long chains pay)
-    planner = Planner(max_k=4, prior_acceptance=0.95)
-    for _ in range(40):
-        k = planner.choose(4)
-        planner.observe(4, k, cost(4, k), [4] * k, kept_tokens=40, stopped_rows=4)
-    planner.retired([10] * 50, [True] * 50)
-
-    def call(steps: int):
-        """A call of 16 rows, `steps` steps before 12 rows end; returns its first step's plan at 4 rows."""
-        planner.prefilled()
-        for step in range(steps):
-            plan = planner.choose_step(16, generated=[step] * 16)
-            planner.observe(16, plan.k, cost(16, plan.k), [16] * plan.k)
-        planner.retired([10] * 12, [True] * 12)
-        return planner.held(4) or planner.choose_step(4, generated=[9 if steps >= 3 else steps] * 4)
-
-    assert call(3) == StepPlan(0, 1, "priced-plain")
-    assert [call(3) for _ in range(3)] == [StepPlan(0, 1, "held")] * 3
-    plan = call(1)  # a drain one step into its call: its rows are early in their answers
-    assert plan.reason == "priced" and plan.k
-    planner.prefilled()  # a call of 4 rows: not held at its start, whose rows start at 0
-    assert planner.held(4) is None
-    plan = planner.choose_step(4, generated=[0] * 4)
-    assert plan.reason == "priced" and plan.k
 
 
 def test_no_step_drafts_past_the_room_rows_have_left():
@@ -805,31 +772,6 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
         else:
             calls.append(sum(k > 0 for k in normal_call(4)))
     assert calls[0] == "plain" and calls[-30:].count("plain") == 0 and min(calls[-30:]) >= 6
-
-
-def test_what_plain_call_found_stands_across_held_steps():
-    """`tiny`'s int8 self-draft at 16 rows: calls whose every step was held plain found the plain-call verdict
-    again at each call's start (~0.2 ms of a ~8 ms call). A held step is not fitted, so the verdict stands (its
-    size's plain price, checked for drift, is all such a step moves); a fitted step makes it found again."""
-    planner = Planner(max_k=3)
-    plain = lambda b: 0.001 * (1 + b)  # noqa: E731  compute-bound: no draft pays past a few rows
-    for _ in range(6):
-        planner.prefilled()
-        for _ in range(8):
-            k = planner.choose(16)
-            planner.observe(16, k, plain(16 * (k + 1)) + 0.0003 * k, [16] * k, draft_seconds=0.0003 * k)
-        planner.ran_call(16, {16, 4})  # its drain reached 4 rows, where a draft pays
-    priced = []
-    planner._prices_plain = lambda batch, found=planner._prices_plain: priced.append(batch) or found(batch)
-    assert not planner.plain_call(16, max_tokens=8) and priced
-    priced.clear()
-    planner.prefilled()
-    assert planner.held(16)
-    planner.observe(16, 0, plain(16), [])
-    assert not planner.plain_call(16, max_tokens=8) and not priced
-    assert planner.choose_step(2) == StepPlan(0, 1, "explore")  # no hold at 2 rows: fitted
-    planner.observe(2, 0, plain(2), [])
-    assert not planner.plain_call(16, max_tokens=8) and priced
 
 
 def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():

@@ -46,14 +46,10 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation there; a speculative
     step ends the hold in its range (what it measured is priced next there; a hold elsewhere runs out within
     `reprice_max` steps), a call of the other kind than the last every hold (after a weight load or not: rule 8a);
-    a wait past `reprice_every` ends where a refresh may run (rule 8). Where only the live rows' own chances to
-    go on chose plain (they are late in their answers) in a call's drain (after its first row ended), plain stands
-    `reprice_every` steps unpriced in that range's drains as many steps into their calls or more (rows at least
-    as far into their answers; the next calls' rows start at 0 there).
+    a wait past `reprice_every` ends where a refresh may run (rule 8).
     `test_plain_decoding_at_one_batch_size_is_priced_every_few_steps_not_every_step`,
     `test_where_pricing_keeps_choosing_plain_it_prices_ever_less_often`,
-    `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`,
-    `test_plain_chosen_where_a_drains_rows_are_stands_in_later_drains_but_not_at_a_calls_start`
+    `test_a_refresh_that_could_never_pay_does_not_cut_a_hold_short`
 11. No draft past the room a row has left before max_tokens. `test_no_step_drafts_past_the_room_rows_have_left`
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
@@ -62,12 +58,10 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     last normal call of as many rows stepped at: `ran_call`), no option allowed and left to explore at its
     batch size could pay, and no refresh could come due in those ranges before it ends; its steps count
     towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row. Its steps after the
-    first are plain steps measured (rule 4), and the verdict is found again after any observed step but a held
-    one (which fits nothing) or once a plain price it rested on moved by `plain_call_drift` (a size's first calls
-    run cold: a verdict found on their prices stood for good).
+    first are plain steps measured (rule 4), and the verdict is found again once a plain price it rested on moved
+    by `plain_call_drift` (a size's first calls run cold: a verdict found on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
-    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`,
-    `test_what_plain_call_found_stands_across_held_steps`
+    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`
 """
 from __future__ import annotations
 
@@ -107,9 +101,8 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "off": "no proposer: every step decodes plainly",
     "fixed": "adaptive K is off: every step runs max_k drafts (as a tree of fixed_width)",
     "no-room": "no live row may emit a token past the next one before max_tokens, so no draft could be kept",
-    "held": "plain decoding was priced best at this batch size lately (in a drain: for rows as far into their "
-            "answers) and stands, unpriced, for reprice_every steps (twice as many after each further such pricing, "
-            "up to reprice_max)",
+    "held": "plain decoding was priced best at this batch size lately and stands, unpriced, for reprice_every steps "
+            "(twice as many after each further such pricing, up to reprice_max)",
     "refresh": "a short speculative step after refresh_wait plain ones re-measures the draft's acceptance and setup",
     "explore": "an option not yet measured at this batch size runs so that it can be priced",
     "plain-fit": "a plain step among speculative ones at this batch size keeps its plain price current",
@@ -158,12 +151,8 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        self._drain_holds: dict[int, list[int]] = {}  # batch range -> [steps, from]: the same in calls' drains from
-        # their step `from` on, where the rows' places chose plain
-        self._draining = False  # a row of this call retired: the live rows are late in their answers
-        self._call_steps = 0  # steps since the last prefill (at most the tokens each row has generated)
         # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range,
-        # the plain prices it rested on), until the next observed step but a held one, or sampling setting
+        # the plain prices it rested on), until the next observed step or sampling setting (`plain_call`)
         self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]]]] = {}
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
         self._call_ranges: dict[int, frozenset[int]] = {}  # rows -> the batch ranges the last normal call of as
@@ -200,8 +189,7 @@ class Planner:
                 w: AcceptanceEstimate(self.max_k, self.prior_acceptance, self.smoothing, self.prior_rows)
                 for w in range(1, self.widest + 1)}
         if self.acceptance is not self.acceptance_by_sampling[setting]:
-            self._plain_holds.clear()  # (both kinds) chosen under the last setting's acceptance
-            self._drain_holds.clear()
+            self._plain_holds.clear()  # chosen under the last setting's acceptance
             self._plain_waits.clear()
             self._plain_calls.clear()
         self.acceptance = self.acceptance_by_sampling[setting]  # per tree width (1: chains)
@@ -211,16 +199,13 @@ class Planner:
         first after a weight load or not: the next step is not fitted, and the next speculative step pays the
         proposer's setup (module docstring)."""
         self._after_prefill = True
-        self._draining, self._call_steps = False, 0
         if weights_changed != self._weights_changed:  # the setup priced changes (rule 8a): price again
             self._plain_holds.clear()
-            self._drain_holds.clear()
         self._set_up, self._weights_changed = False, weights_changed
 
     def retired(self, lengths: list[int], stopped: list[bool]) -> None:
         """Rows left the batch: the tokens each generated and whether a stop token or string ended it."""
         self.lengths.retire(lengths, stopped)
-        self._draining = True
 
     @property
     def widest(self) -> int:
@@ -369,16 +354,10 @@ class Planner:
     def held(self, batch: int) -> StepPlan | None:
         """The step's plan where plain decoding stands unpriced at this batch size (rule 10), kept as `last`; None
         where `choose_step` decides, with the rows' room and lengths (which held steps need not be told)."""
-        if not (self.adaptive and self.max_k):
-            return None
         here = batch.bit_length()
-        drain = self._drain_holds.get(here) if self._draining else None
-        if drain and drain[0] and self._call_steps >= drain[1]:
-            drain[0] -= 1
-        elif self._plain_holds.get(here):
-            self._plain_holds[here] -= 1
-        else:
+        if not (self.adaptive and self.max_k and self._plain_holds.get(here)):
             return None
+        self._plain_holds[here] -= 1
         self.last = StepPlan(0, 1, "held")
         return self.last
 
@@ -413,13 +392,11 @@ class Planner:
             self._hold_plain(batch)
             return StepPlan(*allowed[0], "priced-plain")
         if generated is not None:
-            best = self._best(allowed, seconds, self._expected_curves(self._go_on(generated)))
-        if not best:  # plain where these rows are: it stands in the drains of the calls to come
-            if self._draining:  # (rows as far into their answers at least: as many steps into the call)
-                self._drain_holds[batch.bit_length()] = [self.reprice_every - 1, self._call_steps]
-            return StepPlan(*allowed[0], "priced-plain")
-        self.refresh_wait = self.refresh_every
-        return StepPlan(*allowed[best], "priced")
+            curves = self._expected_curves(self._go_on(generated))
+            best = self._best(allowed, seconds, curves)
+        if best:
+            self.refresh_wait = self.refresh_every
+        return StepPlan(*allowed[best], "priced" if best else "priced-plain")
 
     def _priced(self, batch: int, room: int | None) -> tuple[list[tuple[int, int]], list[float], list[list[float]]]:
         """What pricing weighs at `batch` rows: the options allowed (plain first), their step seconds (the call's
@@ -513,11 +490,9 @@ class Planner:
         `choice_seconds`: this planner's choice of the step, in `seconds` (left out of a plain step's: rule 4)."""
         if not k:
             seconds -= choice_seconds
-        if self._plain_calls and self.last.reason != "held":  # what `plain_call` found rests on the fits this step
-            self._plain_calls.clear()  # may change (a held step is not fitted: its size's plain price, checked for
-            # drift, is all it moves)
+        if self._plain_calls:  # what `plain_call` found rests on the fits this step may change
+            self._plain_calls.clear()
         self._plain_call_steps = 0
-        self._call_steps += 1
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
         elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
@@ -543,7 +518,6 @@ class Planner:
         after_speculation, self._last_k = self._last_k > 0, k
         if k:  # what it measured is priced at its range's next step; the wait there starts again if speculation won
             self._plain_holds.pop(batch.bit_length(), None)
-            self._drain_holds.pop(batch.bit_length(), None)
             if self.last.reason == "priced":
                 self._plain_waits.pop(batch.bit_length(), None)
             self._speculated_at[batch] += 1
