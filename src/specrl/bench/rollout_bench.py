@@ -253,8 +253,10 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     stats = SpecStats()
     k_hist: dict[int, int] = {}
     widths: dict[int, int] = {}
+    reasons: Counter = Counter()  # steps per planner reason (`planner.REASONS`)
     for result in runs["spec"]:
         stats.merge(result.spec)
+        reasons.update(result.plan_reasons)
         for k, count in result.k_histogram.items():
             k_hist[k] = k_hist.get(k, 0) + count
         for w, count in result.width_histogram.items():
@@ -276,6 +278,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "tokens_per_s_eager": eager_rate, "fast_vs_eager": base_rate / eager_rate if eager_rate else None,
         "acceptance_length": stats.acceptance_length, "acceptance_rate": stats.acceptance_rate,
         "acceptance_per_pos": stats.acceptance_per_pos, "k_histogram": dict(sorted(k_hist.items())),
+        "plan_reasons": dict(sorted(reasons.items())),
         "tokens_per_verify_step": stats.acceptance_length, "width_histogram": dict(sorted(widths.items())),
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,

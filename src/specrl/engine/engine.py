@@ -133,6 +133,7 @@ class CallState:
     # prefix cache, or from the call's first prompt where all its prompts begin alike)
     plain: bool = False  # the planner runs this call as plain decoding (`Planner.plain_call`): its proposer is not
     # started and no hidden states are kept at its steps
+    planner_seconds: float = 0.0  # in the planner's choices and `observe` (a normal call's)
 
 
 class RolloutEngine:
@@ -210,7 +211,7 @@ class RolloutEngine:
         if call.plain:
             self.planner.ran_plain_call(call.steps, call.step_seconds)
         elif self.proposer is not None:
-            self.planner.ran_call(len(call.outputs), {size for _, size, _, _ in call.trace})
+            self.planner.ran_call(len(call.outputs), call.planner_seconds)
         return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,
                               steps=call.steps, k_histogram=call.k_histogram, draft_seconds=call.draft_seconds,
                               width_histogram=call.width_histogram, trace=call.trace,
@@ -353,9 +354,11 @@ class RolloutEngine:
         step_seconds = time.perf_counter() - step_start
         if speculating:
             setup = proposal.setup_seconds  # one-off work (a rebuild), not what this option costs a step
+            observed = time.perf_counter()
             self.planner.observe(B, k, step_seconds - setup, per_pos, draft_seconds=draft_seconds - setup,
                                  width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()) if any_done else 0,
                                  setup_seconds=setup, choice_seconds=chosen - step_start)
+            call.planner_seconds += chosen - step_start + time.perf_counter() - observed
         elif call.plain and call.steps > 1:  # (a call's first step runs on caches its prefill left cold)
             self.planner.plain_call_step(B, step_seconds)
         call.draft_seconds += draft_seconds

@@ -54,14 +54,19 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 12. Trees only while B (1 + w k) <= `max_tree_rows`. `test_trees_are_chosen_where_they_pay_and_only_at_small_...`
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
-    hidden states at its steps) where pricing chooses plain at every batch range its drain reaches (those the
-    last normal call of as many rows stepped at: `ran_call`), no option allowed and left to explore at its
-    batch size could pay, and no refresh could come due in those ranges before it ends; its steps count
-    towards the refresh wait, and a normal call runs after `refresh_max` such steps in a row. Its steps after the
-    first are plain steps measured (rule 4), and the verdict is found again once a plain price it rested on moved
-    by `plain_call_drift` (a size's first calls run cold: a verdict found on their prices stood for good).
+    hidden states at its steps) where what pricing expects speculation to save at the batch ranges its drain
+    reaches, over as many steps as the last normal call of as many rows ran there (`ran_call`), is no more than
+    the planner's own time in such calls (before one ran: where pricing chooses plain at every range; on `tiny`
+    a drain's last rows saved less than the choices cost), no option allowed and left to explore at its batch
+    size could pay, and (where every range prices plain) no refresh could come due in those ranges before it
+    ends. Its steps count towards the refresh wait, and a normal call runs after `refresh_max` such steps in a
+    row (where some range's speculation saved too little: after `refresh_every`, twice as many each time it is
+    found so again). Its steps after the first are plain steps measured (rule 4), and the verdict is found again
+    once a plain price it rested on moved by `plain_call_drift` (a size's first calls run cold: a verdict found
+    on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
-    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`
+    `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`,
+    `test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_decoding`
 """
 from __future__ import annotations
 
@@ -108,8 +113,9 @@ REASONS = {  # why `choose_step` chose a step; the engine counts them per call (
     "plain-fit": "a plain step among speculative ones at this batch size keeps its plain price current",
     "priced-plain": "priced: no option beats plain decoding's expected tokens per second by min_gain",
     "priced": "priced: this option's expected tokens per second beat plain decoding's by min_gain",
-    "plain-call": "pricing chose plain at every batch size of the call, and no explore or refresh was due: the call "
-                  "runs as plain decoding, its proposer not started",
+    "plain-call": "pricing expected speculation at the call's batch sizes to save no more than the planner's own time "
+                  "in such a call, and no explore or refresh was due: the call runs as plain decoding, its proposer not "
+                  "started",
 }
 
 
@@ -151,12 +157,17 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        # rows -> (pricing chose plain in every range and no explore could pay, a refresh could pay in some range,
-        # the plain prices it rested on), until the next observed step or sampling setting (`plain_call`)
-        self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]]]] = {}
+        # rows -> (the call runs plain, a refresh could pay in some range, the plain prices it rested on, the plain
+        # calls' steps before a normal one), until the next observed step or sampling setting (`plain_call`)
+        self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]], int]] = {}
+        self._plain_call_waits: dict[int, int] = {}  # rows -> the plain calls' steps before a normal one, the next
+        # time a drain's speculation is found to save less than the planner costs
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
-        self._call_ranges: dict[int, frozenset[int]] = {}  # rows -> the batch ranges the last normal call of as
-        # many rows stepped at (`ran_call`)
+        self._call_steps: Counter = Counter()  # batch -> the normal call's steps there so far, each counted as the
+        # tokens a row kept (a plain step's 1)
+        # rows -> (the last normal call of as many rows: its steps per batch range, as `_call_steps` counts them;
+        # the planner's seconds such calls cost, each later call weighing half), `ran_call`
+        self._call_shapes: dict[int, tuple[dict[int, float], float]] = {}
         self._plain_waits: dict[int, int] = {}  # batch range -> the wait its last pricing that chose plain set
         self.acceptance_by_sampling: dict[object, dict[int, AcceptanceEstimate]] = {}
         self.acceptance: dict[int, AcceptanceEstimate] | None = None  # the current setting's (`use_sampling`)
@@ -305,39 +316,60 @@ class Planner:
 
     def plain_call(self, rows: int, max_tokens: int) -> bool:
         """Whether a call of `rows` rows, each emitting at most `max_tokens`, runs as plain decoding from start to
-        end (rule 14): pricing chooses plain at `rows` and in each batch range the last normal call of as many rows
-        stepped at (every power of two below `rows` before one ran: a drain's ranges), no option allowed at `rows`
-        and left to explore there could pay (the drain's smaller ranges explore in the calls that run normally: a
-        drain reaches them with little room), and no refresh could come due within the call in those ranges;
-        false once such calls ran `refresh_max` steps since the last observed step. Found again once a plain price
-        it rested on moved by `plain_call_drift` (`plain_call_step` measures them)."""
-        if not (self.adaptive and self.max_k and self.plain_times.fitted) or self._plain_call_steps >= self.refresh_max:
+        end (rule 14): what pricing expects speculation to save at `rows` and in each batch range the last normal
+        call of as many rows stepped at (every power of two below `rows` before one ran: a drain's ranges), over as
+        many steps as that call ran there, is no more than the planner's own time in such calls (nothing before one
+        ran); no option allowed at `rows` and left to explore there could pay (the drain's smaller ranges explore
+        in the calls that run normally: a drain reaches them with little room); and, where every range priced plain,
+        no refresh could come due within the call in those ranges. False once such calls ran `refresh_max` steps
+        since the last observed step, or, where some range's speculation paid too little, `_plain_call_waits`
+        steps. Found again once a plain price it rested on moved by `plain_call_drift` (`plain_call_step` measures
+        them)."""
+        if not (self.adaptive and self.max_k and self.plain_times.fitted):
             return False
         verdict = self._plain_calls.get(rows)
         if verdict is None or any(abs(self.plain_seconds(size) - seconds) > self.plain_call_drift * seconds
                                   for size, seconds in verdict[2]):
-            ranges = self._call_ranges.get(rows, range(1, rows.bit_length() + 1))
+            steps, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
+            ranges = steps or range(1, rows.bit_length() + 1)
             sizes = sorted({rows} | {1 << (here - 1) for here in ranges if here < rows.bit_length()})
             explore = any(self._unexplored(option, rows) and self._could_pay(option, rows)
                           for option in self._allowed_options(rows, None)[1:])
-            plain = not explore and all(self._prices_plain(size) for size in sizes)
-            refresh = plain and any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True)
-                                    for size in sizes)
-            self._plain_calls[rows] = plain, refresh, [(size, self.plain_seconds(size)) for size in sizes]
-        plain, refresh, _ = self._plain_calls[rows]
+            saving = 0.0 if explore else sum(steps.get(size.bit_length(), 1.0) * self._saving(size) for size in sizes)
+            plain = not explore and saving <= planner_seconds
+            refresh = plain and not saving and any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True)
+                                                   for size in sizes)
+            limit = self.refresh_max
+            if plain and saving:  # a normal call measures the drain again after as many steps, twice as many each
+                limit = self._plain_call_waits.get(rows, self.refresh_every)  # time it is found to pay too little
+                self._plain_call_waits[rows] = min(2 * limit, self.refresh_max)
+            elif not plain:
+                self._plain_call_waits.pop(rows, None)
+            self._plain_calls[rows] = plain, refresh, [(size, self.plain_seconds(size)) for size in sizes], limit
+        plain, refresh, _, limit = self._plain_calls[rows]
         paid_off = self.probe_debt <= self.probe_share * max_tokens * self.plain_seconds(rows)  # within the call
-        return plain and not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
+        return plain and self._plain_call_steps < limit and \
+            not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
 
-    def ran_call(self, rows: int, sizes) -> None:
-        """A call of `rows` rows ran normally, its steps at these live batch sizes: the next calls of as many rows
-        weigh these sizes' ranges (`plain_call`): a drain's, or only their own where every row ends together."""
-        self._call_ranges[rows] = frozenset(size.bit_length() for size in sizes)  # (its observed steps cleared
-        # what `plain_call` had found)
+    def ran_call(self, rows: int, planner_seconds: float) -> None:
+        """A call of `rows` rows ran normally, `planner_seconds` of it in this planner (its choices and `observe`):
+        the next calls of as many rows weigh the batch ranges it stepped at (`plain_call`: a drain's, or only their
+        own where every row ends together), over as many steps, against that time."""
+        steps = Counter()
+        for batch, count in self._call_steps.items():
+            steps[batch.bit_length()] += count
+        _, last = self._call_shapes.get(rows, (None, planner_seconds))
+        self._call_shapes[rows] = dict(steps), (last + planner_seconds) / 2  # (its observed steps cleared what
+        # `plain_call` had found)
+        self._call_steps.clear()
 
-    def _prices_plain(self, batch: int) -> bool:
-        """Whether pricing at `batch` rows, with no call setup to pay, chooses plain decoding."""
+    def _saving(self, batch: int) -> float:
+        """What pricing at `batch` rows, with no call setup to pay, expects its choice to save per step of plain
+        decoding there: 0 where it chooses plain decoding."""
         allowed, seconds, curves = self._priced(batch, None)
-        return self._best(allowed, seconds, curves) == 0
+        best = self._best(allowed, seconds, curves)
+        k, width = allowed[best]
+        return seconds[0] - seconds[best] / curves[width - 1][k]
 
     def plain_call_step(self, batch: int, seconds: float) -> None:
         """A step of a call `plain_call` allowed, after its first (which runs on caches the prefill left cold): a
@@ -493,6 +525,7 @@ class Planner:
         if self._plain_calls:  # what `plain_call` found rests on the fits this step may change
             self._plain_calls.clear()
         self._plain_call_steps = 0
+        self._call_steps[batch] += max(kept_tokens / batch, 1.0)
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
         elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
