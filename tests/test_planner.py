@@ -819,10 +819,11 @@ def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
     drain.off_streak, drain.probe_debt = drain.refresh_wait, 0.0  # a refresh is due, and a drain could run it
     assert not drain.plain_call(16, 16)
 
+
 def test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_decoding():
     """`tiny`'s int8 self-draft at 16 rows (0.92x of plain decoding): the draft paid only at a drain's last rows,
-    for a step or two a call, so every call ran normally and paid the planner's choices at each of its ~16 steps
-    (~0.1 ms each against 0.6 ms steps); with every step held plain the same engine read 0.98-0.99x. A call runs as
+    for a step or two a call (saving ~0.25 ms), so every call ran normally and paid the planner at each step (~0.36
+    ms of a ~8 ms call); with every step held plain the same engine read 0.98-0.99x. A call runs as
     plain decoding where what speculation is expected to save in its drain, over the steps the last such call ran
     there, is no more than the planner's time in such calls; a drain whose tail is long keeps its calls normal."""
     def plain(b):
