@@ -190,3 +190,25 @@ def test_the_llamacpp_bench_without_its_extra_says_how_to_install_it():
 
     with pytest.raises(ValueError, match=r"needs llama-cpp-python.*pip install -e '\.\[llamacpp\]'"):
         run_llamacpp_bench(LlamaCppBenchConfig(rounds=1))
+
+
+def test_the_grpo_bench_pools_each_sides_tokens_and_seconds_over_the_seeds():
+    from specrl.bench.grpo_bench import pooled_ratio
+
+    spec = [{"rollout_tokens": 100, "rollout_generation_s": 1.0}, {"rollout_tokens": 300, "rollout_generation_s": 2.0}]
+    plain = [{"rollout_tokens": 200, "rollout_generation_s": 2.0}, {"rollout_tokens": 200, "rollout_generation_s": 2.0}]
+    # 400 tokens in 3 s against 400 in 4 s; the per-seed ratios (1.0 and 1.5) have another mean
+    assert pooled_ratio(spec, plain) == pytest.approx(4 / 3)
+
+
+def test_the_grpo_bench_runs_both_sides_of_each_seed_and_ends_with_its_json_line(capsys):
+    assert cli.main(["bench", "grpo", "--preset", "tiny", "--proposer", "ngram", "--steps", "1", "--seeds", "1",
+                     "--first-seed", "3", "--threads", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["seeds"] == [3]
+    plain_rate = summary["tokens"]["none"][0] / summary["generation_s"]["none"][0]
+    spec_rate = summary["tokens"]["ngram"][0] / summary["generation_s"]["ngram"][0]
+    assert summary["tokens_per_s"]["none"][0] == pytest.approx(plain_rate)
+    assert summary["pooled_ratio"] == pytest.approx(spec_rate / plain_rate)
+    assert summary["ratio_per_seed"] == [pytest.approx(summary["pooled_ratio"])]  # one seed: the same figure
+    assert sum(summary["plan_reasons"][0].values()) > 0  # the speculative run's planner chose its steps

@@ -12,17 +12,15 @@ Progress goes to stderr; the last stdout line is one JSON object.
 """
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from specrl.bench import Bench
+from specrl.bench.train_run import run_train
 from specrl.speculation.proposer_registry import PROPOSER_NAMES
 from specrl.validation import check_fields, within
 
@@ -44,20 +42,6 @@ class AsyncBenchConfig:
         check_fields(self)
 
 
-def run_train(preset: str, steps: int, run_dir: Path, extra: list[str]) -> dict:
-    """One `specrl train` subprocess -> its summary, wall seconds and per-step rewards."""
-    command = [sys.executable, "-m", "specrl.cli", "train", "--preset", preset, f"run.steps={steps}",
-               f"run.run_dir={run_dir}", "run.overwrite=true", "run.tensorboard=false", "run.checkpoint_every=0",
-               *extra]
-    start = time.perf_counter()
-    out = subprocess.run(command, check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
-    rewards = [json.loads(line)["reward_mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    loop = summary["seconds"] - summary["timing"].get("actor_startup", 0.0)
-    return {"wall_s": wall, "loop_s": loop, "rewards": rewards, "summary": summary}
-
-
 def fifths(rewards: list[float]) -> list[float]:
     """Mean reward of each fifth of the run (the last fifth takes the remainder)."""
     size = max(1, len(rewards) // 5)
@@ -75,7 +59,7 @@ def run_async_bench(config: AsyncBenchConfig, progress=None) -> dict:
         for round_ in range(config.rounds):
             order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
             for name in order:
-                result = run_train(config.preset, config.steps, Path(tmp) / name, variants[name])
+                result = run_train(config.preset, config.steps, Path(tmp) / name, variants[name], config.threads)
                 runs[name].append(result)
                 print(f"round {round_ + 1}/{config.rounds} {name}: wall {result['wall_s']:.1f}s loop "
                       f"{result['loop_s']:.1f}s reward last fifth {fifths(result['rewards'])[-1]:.3f}", file=sys.stderr)

@@ -24,6 +24,7 @@ BENCH_MODULES = {
     "verify-cost": "specrl.bench.verify_cost",
     "self-draft-acceptance": "specrl.bench.self_draft_acceptance",
     "trainer-step": "specrl.bench.trainer_step",
+    "grpo": "specrl.bench.grpo_bench",
     "async": "specrl.bench.async_bench",
     "trl": "specrl.bench.trl_peer",
     "llamacpp": "specrl.bench.llamacpp_peer",

@@ -313,6 +313,7 @@ class Learner:
             **self._eval_summary(), **self._adaptation_summary(),
             "acceptance_length": self.spec_total.acceptance_length, "acceptance_rate": self.spec_total.acceptance_rate,
             "rollout_tokens_per_s": self.generated_tokens / max(self.generation_seconds, 1e-9),
+            "rollout_tokens": self.generated_tokens, "rollout_generation_s": self.generation_seconds,
             "timing": self.timer.total, "seconds": sum(self.timer.total.values()),
             "proposer": self.config.backend.proposer, "backend": self.config.backend.backend,
             "pipeline": self.config.pipeline.mode, "trainer_ranks": self.config.run.trainer_ranks,

@@ -1,0 +1,109 @@
+"""Benchmark: GRPO's rollouts with speculation against without, over several seeds.
+
+    specrl bench grpo --preset smollm2-135m --proposer int8 --steps 6 --seeds 4
+
+A run's rollout tokens per second depend on what it sampled: the longer its answers, the more rows stay live
+in each decode step and the more tokens a step yields. With speculation on, a run of the same seed samples
+other answers than the plain run (the same law, other draws: the planner's choices, which follow measured
+times, change which random numbers each draw takes, and the policy trains on what was drawn). So one pair of
+runs compares samples as much as speculation (docs/benchmarks.md, "GRPO with speculation on and off", has
+plain runs of the same preset a third apart in tokens from one seed to the next). Each round here is one seed: `specrl train` with and
+without `--proposer` as subprocesses, alternating which goes first, and the figures are
+
+    pooled_ratio        rollout tokens/s with speculation over without, each pooled over the seeds (all
+                        their tokens over all their generation seconds): the headline
+    ratio_per_seed      each seed's pair, and their median
+    speculation_gain    per speculative run: its decode steps priced as plain decoding over what they took
+                        (same samples, so free of the spread above; the planner's prices, not a timing of plain)
+    tokens              what each run sampled, to show the spread the ratio rests on
+
+Progress goes to stderr; the last stdout line is one JSON object.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from specrl.bench import Bench
+from specrl.bench.train_run import run_train
+from specrl.speculation.proposer_registry import PROPOSER_NAMES
+from specrl.validation import check_fields, within
+
+@dataclass(frozen=True)
+class GRPOBenchConfig:
+    """One comparison: a preset's GRPO runs with and without a proposer, seed by seed."""
+
+    SECTION: ClassVar[str] = "bench grpo"
+
+    preset: str = "smollm2-135m"  # the run to compare (`specrl train --preset`)
+    proposer: Literal[PROPOSER_NAMES] = "int8"  # type: ignore[valid-type]  # the speculative runs' proposer
+    steps: int = within(6, "[1, inf)")  # GRPO steps per run
+    seeds: int = within(4, "[1, inf)")  # rounds: seeds first_seed, first_seed + 1, ...; one pair of runs each
+    first_seed: int = 0
+    threads: int | None = within(None, "[1, inf)")  # torch CPU threads of each run; None = all cores
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def pooled_ratio(spec_runs: list[dict], plain_runs: list[dict]) -> float:
+    """Rollout tokens/s of `spec_runs` over that of `plain_runs`, each all its runs' tokens over all their
+    generation seconds (run summaries' `rollout_tokens` and `rollout_generation_s`)."""
+    def rate(runs: list[dict]) -> float:
+        return sum(r["rollout_tokens"] for r in runs) / sum(r["rollout_generation_s"] for r in runs)
+    return rate(spec_runs) / rate(plain_runs)
+
+
+def run_grpo_bench(config: GRPOBenchConfig, progress=None) -> dict:
+    variants = {"none": ["backend.proposer=none", "eval.every=0"],
+                config.proposer: [f"backend.proposer={config.proposer}", "eval.every=0"]}
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    seeds = list(range(config.first_seed, config.first_seed + config.seeds))
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_, seed in enumerate(seeds):
+            order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
+            for name in order:
+                summary = run_train(config.preset, config.steps, Path(tmp) / name,
+                                    [*variants[name], f"run.seed={seed}"], config.threads)["summary"]
+                runs[name].append(summary)
+                print(f"seed {seed} {name}: {summary['rollout_tokens']} tokens in {summary['rollout_generation_s']:.1f} s "
+                      f"of generation, {summary['rollout_tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+            if progress is not None:
+                progress(round_ + 1, config.seeds)
+    plain, spec = runs["none"], runs[config.proposer]
+    ratios = [s["rollout_tokens_per_s"] / p["rollout_tokens_per_s"] for s, p in zip(spec, plain)]
+    return {
+        "preset": config.preset, "proposer": config.proposer, "steps": config.steps, "seeds": seeds,
+        "threads": config.threads,
+        "pooled_ratio": pooled_ratio(spec, plain),
+        "ratio_per_seed": ratios, "ratio_median": statistics.median(ratios),
+        "speculation_gain": [s["speculation_gain"] for s in spec],
+        "tokens": {"none": [p["rollout_tokens"] for p in plain], config.proposer: [s["rollout_tokens"] for s in spec]},
+        "tokens_per_s": {"none": [p["rollout_tokens_per_s"] for p in plain],
+                         config.proposer: [s["rollout_tokens_per_s"] for s in spec]},
+        "generation_s": {"none": [p["rollout_generation_s"] for p in plain],
+                         config.proposer: [s["rollout_generation_s"] for s in spec]},
+        "acceptance_length": [s["acceptance_length"] for s in spec],
+        "plan_reasons": [s["plan_reasons"] for s in spec],
+    }
+
+
+def report(summary: dict, config: GRPOBenchConfig, console) -> None:
+    per_seed = ", ".join(f"{r:.2f}" for r in summary["ratio_per_seed"])
+    gains = ", ".join(f"{g:.2f}" for g in summary["speculation_gain"] if g is not None)
+    console.print(f"rollout tokens/s, {config.proposer} / none, pooled over {config.seeds} seeds: "
+                  f"{summary['pooled_ratio']:.2f}x (per seed {per_seed}); speculation_gain {gains}")
+
+
+BENCH = Bench(GRPOBenchConfig, run_grpo_bench, report, steps=lambda c: c.seeds,
+              help="GRPO rollouts with a proposer vs without (whole runs over seeds, alternating)",
+              description="Runs `specrl train --preset PRESET` with and without --proposer for each of --seeds seeds "
+                          "(subprocesses, alternating which goes first). A run's rollout tokens/s depend on the "
+                          "answers it sampled, which differ between the two runs of a seed, so the headline pools "
+                          "each side's tokens and generation seconds over the seeds. Also reports each seed's ratio, "
+                          "each speculative run's speculation_gain (its decode steps priced as plain decoding) and "
+                          "the tokens every run sampled.")
