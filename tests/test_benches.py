@@ -210,5 +210,7 @@ def test_the_grpo_bench_runs_both_sides_of_each_seed_and_ends_with_its_json_line
     spec_rate = summary["tokens"]["ngram"][0] / summary["generation_s"]["ngram"][0]
     assert summary["tokens_per_s"]["none"][0] == pytest.approx(plain_rate)
     assert summary["pooled_ratio"] == pytest.approx(spec_rate / plain_rate)
+    seconds = summary["generation_s"]
+    assert summary["seconds_ratio"] == pytest.approx(seconds["none"][0] / seconds["ngram"][0])
     assert summary["ratio_per_seed"] == [pytest.approx(summary["pooled_ratio"])]  # one seed: the same figure
     assert sum(summary["plan_reasons"][0].values()) > 0  # the speculative run's planner chose its steps

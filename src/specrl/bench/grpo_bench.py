@@ -7,11 +7,15 @@ in each decode step and the more tokens a step yields. With speculation on, a ru
 other answers than the plain run (the same law, other draws: the planner's choices, which follow measured
 times, change which random numbers each draw takes, and the policy trains on what was drawn). So one pair of
 runs compares samples as much as speculation (docs/benchmarks.md, "GRPO with speculation on and off", has
-plain runs of the same preset a third apart in tokens from one seed to the next). Each round here is one seed: `specrl train` with and
-without `--proposer` as subprocesses, alternating which goes first, and the figures are
+plain runs of the same preset a third apart in tokens from one seed to the next). Each round here is one seed:
+`specrl train` with and without `--proposer` as subprocesses, alternating which goes first, and the figures are
 
     pooled_ratio        rollout tokens/s with speculation over without, each pooled over the seeds (all
-                        their tokens over all their generation seconds): the headline
+                        their tokens over all their generation seconds): the headline. Where one side sampled
+                        shorter answers its batches drained sooner, and fewer tokens a step lowers its figure
+    seconds_ratio       generation seconds without speculation over with, each summed over the seeds: as
+                        exactness makes both sides' answers follow one law, both did the same work in
+                        expectation; it spreads with the tokens each side happened to sample
     ratio_per_seed      each seed's pair, and their median
     speculation_gain    per speculative run: its decode steps priced as plain decoding over what they took
                         (same samples, so free of the spread above; the planner's prices, not a timing of plain)
@@ -80,6 +84,8 @@ def run_grpo_bench(config: GRPOBenchConfig, progress=None) -> dict:
         "preset": config.preset, "proposer": config.proposer, "steps": config.steps, "seeds": seeds,
         "threads": config.threads,
         "pooled_ratio": pooled_ratio(spec, plain),
+        "seconds_ratio": (sum(p["rollout_generation_s"] for p in plain)
+                          / sum(s["rollout_generation_s"] for s in spec)),
         "ratio_per_seed": ratios, "ratio_median": statistics.median(ratios),
         "speculation_gain": [s["speculation_gain"] for s in spec],
         "tokens": {"none": [p["rollout_tokens"] for p in plain], config.proposer: [s["rollout_tokens"] for s in spec]},
@@ -96,7 +102,8 @@ def report(summary: dict, config: GRPOBenchConfig, console) -> None:
     per_seed = ", ".join(f"{r:.2f}" for r in summary["ratio_per_seed"])
     gains = ", ".join(f"{g:.2f}" for g in summary["speculation_gain"] if g is not None)
     console.print(f"rollout tokens/s, {config.proposer} / none, pooled over {config.seeds} seeds: "
-                  f"{summary['pooled_ratio']:.2f}x (per seed {per_seed}); speculation_gain {gains}")
+                  f"{summary['pooled_ratio']:.2f}x (per seed {per_seed}); generation seconds none / "
+                  f"{config.proposer} {summary['seconds_ratio']:.2f}x; speculation_gain {gains}")
 
 
 BENCH = Bench(GRPOBenchConfig, run_grpo_bench, report, steps=lambda c: c.seeds,
