@@ -10,8 +10,9 @@ from pathlib import Path
 
 def run_train(preset: str, steps: int, run_dir: Path, extra: list[str], threads: int | None = None) -> dict:
     """`specrl train --preset PRESET run.steps=STEPS` in `run_dir` with the `key=value` overrides `extra` (no
-    checkpoints, no tensorboard; torch's threads set to `threads` where given) -> its closing JSON line (`summary`), the process's wall seconds (`wall_s`), the
-    loop's own seconds less the async actors' start-up (`loop_s`) and the reward of each step (`rewards`)."""
+    checkpoints, no tensorboard; torch's threads set to `threads` where given) -> its closing JSON line
+    (`summary`), the process's wall seconds (`wall_s`), the loop's own seconds less the async actors' start-up
+    (`loop_s`) and the reward of each step (`rewards`)."""
     command = [sys.executable, "-m", "specrl.cli", "train", "--preset", preset, f"run.steps={steps}",
                f"run.run_dir={run_dir}", "run.overwrite=true", "run.tensorboard=false", "run.checkpoint_every=0",
                *([f"run.threads={threads}"] if threads else []), *extra]
