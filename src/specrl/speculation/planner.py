@@ -163,8 +163,8 @@ class Planner:
         self._plain_call_waits: dict[int, int] = {}  # rows -> the plain calls' steps before a normal one, the next
         # time a drain's speculation is found to save less than the planner costs
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
-        self._call_steps: Counter = Counter()  # batch -> the normal call's steps there so far, each counted as the
-        # tokens a row kept (a plain step's 1)
+        self._call_steps: Counter = Counter()  # batch range -> the normal call's steps there so far, each counted as
+        # the tokens a row kept (a plain step's 1)
         # rows -> (the last normal call of as many rows: its steps per batch range, as `_call_steps` counts them;
         # the planner's seconds such calls cost, each later call weighing half), `ran_call`
         self._call_shapes: dict[int, tuple[dict[int, float], float]] = {}
@@ -355,12 +355,9 @@ class Planner:
         """A call of `rows` rows ran normally, `planner_seconds` of it in this planner (its choices and `observe`):
         the next calls of as many rows weigh the batch ranges it stepped at (`plain_call`: a drain's, or only their
         own where every row ends together), over as many steps, against that time."""
-        steps = Counter()
-        for batch, count in self._call_steps.items():
-            steps[batch.bit_length()] += count
         _, last = self._call_shapes.get(rows, (None, planner_seconds))
-        self._call_shapes[rows] = dict(steps), (last + planner_seconds) / 2  # (its observed steps cleared what
-        # `plain_call` had found)
+        # (its observed steps cleared what `plain_call` had found)
+        self._call_shapes[rows] = dict(self._call_steps), (last + planner_seconds) / 2
         self._call_steps.clear()
 
     def _saving(self, batch: int) -> float:
@@ -525,7 +522,7 @@ class Planner:
         if self._plain_calls:  # what `plain_call` found rests on the fits this step may change
             self._plain_calls.clear()
         self._plain_call_steps = 0
-        self._call_steps[batch] += max(kept_tokens / batch, 1.0)
+        self._call_steps[batch.bit_length()] += max(kept_tokens / batch, 1.0)
         if not k:
             self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
         elif self.last.reason in ("refresh", "explore") and self.plain_times.fitted:
