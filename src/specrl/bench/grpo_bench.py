@@ -46,7 +46,9 @@ class GRPOBenchConfig:
 
     preset: str = "smollm2-135m"  # the run to compare (`specrl train --preset`)
     proposer: Literal[PROPOSER_NAMES] = "int8"  # type: ignore[valid-type]  # the speculative runs' proposer
-    steps: int = within(6, "[1, inf)")  # GRPO steps per run
+    # GRPO steps per run. The planner explores in a run's first ~15 calls; where a step generates in tens of ms
+    # (`tiny`) that cost needs ~60 steps to fade: n-gram drafts read 0.79x over 10 steps, 1.02x over 60
+    steps: int = within(6, "[1, inf)")
     # rounds: seeds first_seed, first_seed + 1, ...; one pair of runs each (on SmolLM2 four seeds read 0.97x and
     # six others 1.13x: a run's tokens move by a quarter with its seed)
     seeds: int = within(8, "[1, inf)")
