@@ -1,7 +1,12 @@
 """The packed trainer (each group's prompt computed once, logits only at response positions, micro-batches
 sized in tokens) takes the same step as plain right-padded rows: loss, gradient norm and every parameter's
 gradient to fp32 rounding, under every sampling option, with KL, at sequence level, and with micro-batches
-that split a group. What draft and head adaptation read from it equals a padded forward's."""
+that split a group. What draft and head adaptation read from it equals a padded forward's. Its gradients do not
+change from one process to the next (MKL kept on every thread)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -131,3 +136,13 @@ def test_adaptation_reads_what_a_padded_forward_computes(tmp_path, arch):
     for layer in layers:
         torch.testing.assert_close(view_hidden[layer][real], hidden[layer][real], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(view_logits, full[expected.loss_mask > 0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "FALSE"), ("TRUE", "TRUE")])
+def test_importing_specrl_keeps_mkl_on_the_threads_torch_asks_for_unless_the_user_says_otherwise(preset, expected):
+    """Left dynamic, MKL ran the trainer's LM-head backward on fewer threads in some processes (other last bits, a
+    seeded run that drifted): `import specrl` sets MKL_DYNAMIC=FALSE before torch loads, and keeps a user's own."""
+    env = {k: v for k, v in os.environ.items() if k != "MKL_DYNAMIC"} | ({"MKL_DYNAMIC": preset} if preset else {})
+    out = subprocess.run([sys.executable, "-c", "import os, specrl, torch; print(os.environ['MKL_DYNAMIC'])"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
