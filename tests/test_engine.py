@@ -4,6 +4,7 @@ Chain of invariants:
     the engine's model         == transformers' logits (Llama, Qwen2, Qwen3), with a KV cache;
     greedy engine              == transformers greedy `generate`, token for token;
     speculation on             == off at temperature 0, for every proposer;
+    speculation on             == off at temperature 1 with `drafter_invariant`, for every proposer and truncation;
     speculative samples        ~  the exact joint distribution computed from transformers (chi-square);
     the rollout's logprobs     == transformers' log_softmax(logits / T) for the same tokens (<= 1e-4).
 Each holds on the fast path (specrl's small-row kernel, the default) and eager (`fast_path=False`);
@@ -135,6 +136,41 @@ def test_token_by_token_verification_also_equals_plain_decoding_at_temperature_z
     spec = make_engine(target_dir, proposer, draft_dir, verification="token").generate(PROMPTS, params)
     assert [c.token_ids for c in base.completions] == [c.token_ids for c in spec.completions]
     assert spec.spec.num_drafts > 0
+
+
+INVARIANT_TRUNCATIONS = [(0, 1.0), (3, 1.0), (0, 0.7)]  # (top_k, top_p)
+
+
+@pytest.mark.parametrize("top_k, top_p", INVARIANT_TRUNCATIONS, ids=[f"top_k={k}-top_p={p}" for k, p in INVARIANT_TRUNCATIONS])
+@pytest.mark.parametrize("proposer, width", [("ngram", 1), ("suffix", 1), ("draft", 1), ("eagle3", 1), ("eagle3", 3),
+                                             ("mtp", 2), ("hybrid", 1), ("int8", 1)])
+def test_drafter_invariant_speculation_equals_plain_decoding_at_temperature_one(target_dir, draft_dir, proposer, width,
+                                                                                top_k, top_p):
+    """With `drafter_invariant`, a seeded call samples the same tokens (and logprobs) with any proposer as with
+    none, chains and trees, under every truncation; and it speculated, keeping some drafts."""
+    params = SamplingParams(temperature=1.0, max_tokens=24, n=2, seed=5, top_k=top_k, top_p=top_p,
+                            drafter_invariant=True)
+    base = make_engine(target_dir).generate(PROMPTS, params)
+    spec = make_engine(target_dir, proposer, draft_dir, tree_width=width).generate(PROMPTS, params)
+    for a, b in zip(base.completions, spec.completions):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert spec.spec.num_accepted_tokens > 0 and spec.width_histogram.get(width, 0) > 0
+
+
+def test_drafter_invariant_calls_repeat_by_seed_and_differ_without_one(target_dir):
+    """The key is the seed: the same seed samples the same tokens, another seed or none other ones; greedy
+    decoding ignores the setting."""
+    engine = make_engine(target_dir, "ngram")
+
+    def tokens(**kwargs):
+        params = SamplingParams(max_tokens=24, n=2, drafter_invariant=True, **kwargs)
+        return [c.token_ids for c in engine.generate(PROMPTS, params).completions]
+
+    assert tokens(seed=1) == tokens(seed=1) != tokens(seed=2)
+    assert tokens() != tokens()
+    plain_greedy = make_engine(target_dir).generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, n=2))
+    assert tokens(temperature=0) == [c.token_ids for c in plain_greedy.completions]
 
 
 def exact_two_token_distribution(target_dir, prompt: list[int], temperature: float) -> torch.Tensor:

@@ -37,6 +37,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # finish when the text contains any of these; the text is cut before it
     seed: int | None = None  # seeds the call's generator; None = nondeterministic
     ignore_eos: bool = False  # keep generating past EOS (benchmarks)
+    # draw each token from noise keyed by (seed, sample, position), so a seeded call returns the same tokens with
+    # any proposer or none (`speculation.drafter_invariant`; the embedded engine only)
+    drafter_invariant: bool = False
 
     def __post_init__(self):
         check_fields(self)

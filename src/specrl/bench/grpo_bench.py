@@ -7,7 +7,9 @@ in each decode step and the more tokens a step yields. With speculation on, a ru
 other answers than the plain run (the same law, other draws: the planner's choices, which follow measured
 times, change which random numbers each draw takes, and the policy trains on what was drawn). So one pair of
 runs compares samples as much as speculation (docs/benchmarks.md, "GRPO with speculation on and off": plain
-runs of SmolLM2's preset sampled 3,250 to 6,379 tokens in 6 steps, seed by seed). Each round here is one seed:
+runs of SmolLM2's preset sampled 3,250 to 6,379 tokens in 6 steps, seed by seed). `--drafter-invariant` makes
+both runs of a seed sample the same answers (`rollout.drafter_invariant`), so the pair compares speed alone, at
+the acceptance of that rule, not of the default one. Each round here is one seed:
 `specrl train` with and without `--proposer` as subprocesses, alternating which goes first, and the figures are
 
     pooled_ratio        rollout tokens/s with speculation over without, each pooled over the seeds (all
@@ -53,6 +55,9 @@ class GRPOBenchConfig:
     # six others 1.13x: a run's tokens move by a quarter with its seed)
     seeds: int = within(8, "[1, inf)")
     first_seed: int = 0
+    # both runs of a seed draw rollouts with noise keyed by each token's place (`rollout.drafter_invariant`): they
+    # sample the same answers (`same_tokens`), so the ratio compares speed alone, at that rule's acceptance
+    drafter_invariant: bool = False
     threads: int | None = within(None, "[1, inf)")  # torch CPU threads of each run; None = all cores
 
     def __post_init__(self):
@@ -68,8 +73,9 @@ def pooled_ratio(spec_runs: list[dict], plain_runs: list[dict]) -> float:
 
 
 def run_grpo_bench(config: GRPOBenchConfig, progress=None) -> dict:
-    variants = {"none": ["backend.proposer=none", "eval.every=0"],
-                config.proposer: [f"backend.proposer={config.proposer}", "eval.every=0"]}
+    common = ["eval.every=0", f"rollout.drafter_invariant={str(config.drafter_invariant).lower()}"]
+    variants = {"none": ["backend.proposer=none", *common], config.proposer: [f"backend.proposer={config.proposer}",
+                                                                               *common]}
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +94,9 @@ def run_grpo_bench(config: GRPOBenchConfig, progress=None) -> dict:
     ratios = [s["rollout_tokens_per_s"] / p["rollout_tokens_per_s"] for s, p in zip(spec, plain)]
     return {
         "preset": config.preset, "proposer": config.proposer, "steps": config.steps, "seeds": seeds,
-        "threads": config.threads,
+        "threads": config.threads, "drafter_invariant": config.drafter_invariant,
+        # per seed: both runs sampled as many rollout tokens (with drafter_invariant, the same answers)
+        "same_tokens": [s["rollout_tokens"] == p["rollout_tokens"] for s, p in zip(spec, plain)],
         "pooled_ratio": pooled_ratio(spec, plain),
         "seconds_ratio": (sum(p["rollout_generation_s"] for p in plain)
                           / sum(s["rollout_generation_s"] for s in spec)),

@@ -8,7 +8,8 @@ responses, so their lengths differ and so does how the batch drains (`mean_respo
 `mean_response_tokens_spec`). At batch 1 one call's response can be 13 tokens on one side and 72 on
 the other, so a round times at least `rows_per_round` rows: ceil(rows_per_round / batch) calls of
 the batch, each on its own prompts, which averages the lengths out. `ignore_eos` takes the length
-difference out altogether, each row generating max_tokens.
+difference out altogether, each row generating max_tokens; `drafter_invariant` takes the sampling difference
+out (both variants sample the same responses, `same_samples`), at that rule's acceptance.
 A temperature-0 run with and without speculation checks exactness token for token;
 at temperature 1 the mean logprob of the sampled tokens must agree within noise
 (`logprob_z`: a two-sample z-score over per-sequence means, resting on `logprob_z_sequences` sequences
@@ -74,6 +75,9 @@ class RolloutBenchConfig:
     # every row generates max_tokens, past EOS: both variants time the same token count over a batch that does
     # not drain (at temperature 1 they sample different responses, whose lengths otherwise differ)
     ignore_eos: bool = False
+    # both variants draw with noise keyed by each token's place (`SamplingParams.drafter_invariant`): they sample
+    # the same responses, so the ratio compares speed alone, at that rule's acceptance (`same_samples`)
+    drafter_invariant: bool = False
     rounds: int = within(3, "[1, inf)")  # timed rounds; medians are reported
     # each round times at least this many rows per variant: ceil(rows_per_round / batch) calls of `batch` rows,
     # each on its own prompts (at batch 1, one response's length decides a one-call round)
@@ -223,7 +227,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     greedy_match = all(a.token_ids == b.token_ids for a, b in zip(greedy_base.completions, greedy_spec.completions))
 
     warm = SamplingParams(n=config.n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
-                          seed=config.seed, ignore_eos=config.ignore_eos)
+                          seed=config.seed, ignore_eos=config.ignore_eos, drafter_invariant=config.drafter_invariant)
     spec.generate(prompts, warm)  # lets the planner explore before timing
     rates = {"base": [], "spec": [], "hf": [], "eager": []}
     runs = {"base": [], "spec": [], "eager": []}
@@ -232,7 +236,8 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         # a seed per call: calls sharing one draw the same noise, so their samples are correlated and the
         # two-sample logprob_z, which takes them as independent, reads too wide
         params = [SamplingParams(n=config.n, temperature=config.temperature, max_tokens=config.max_tokens,
-                                 seed=config.seed + 1 + r * calls + c, ignore_eos=config.ignore_eos)
+                                 seed=config.seed + 1 + r * calls + c, ignore_eos=config.ignore_eos,
+                                 drafter_invariant=config.drafter_invariant)
                   for c in range(calls)]
         results = {name: [] for name, _ in variants}
         # call by call, each variant in turn: a few busy seconds of the machine slow one call of each variant,
@@ -267,7 +272,7 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
     costs = step_cost_model(config, base, runs["spec"], stats, spec_rate / base_rate, all_prompts, max_tokens)
     return {
         "model": config.model, "proposer": config.proposer, "backend": config.backend, "batch": config.batch,
-        "n": config.n, "verification": config.verification,
+        "n": config.n, "verification": config.verification, "drafter_invariant": config.drafter_invariant,
         "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature, "max_tokens": config.max_tokens,
         "rounds": config.rounds, "calls_per_round": calls,
         "rows_timed": sum(len(r.completions) for r in runs["spec"]), "threads": torch.get_num_threads(),
@@ -282,6 +287,9 @@ def run_rollout_bench(config: RolloutBenchConfig, progress=None) -> dict:
         "tokens_per_verify_step": stats.acceptance_length, "width_histogram": dict(sorted(widths.items())),
         "draft_cost_share": sum(r.draft_seconds for r in runs["spec"]) / sum(r.seconds for r in runs["spec"]),
         "greedy_match": greedy_match,
+        # the timed calls' responses, token for token the same on both sides (always, with drafter_invariant)
+        "same_samples": all(a.token_ids == b.token_ids for x, y in zip(runs["base"], runs["spec"])
+                            for a, b in zip(x.completions, y.completions)),
         "prompt_tokens_cached": {name: sum(r.cached_prompt_tokens for r in runs[name]) for name in ("base", "spec")},
         "mean_logprob_base": _mean_logprob(runs["base"]), "mean_logprob_spec": _mean_logprob(runs["spec"]),
         "logprob_z": logprob_z(runs["base"], runs["spec"]),

@@ -11,7 +11,8 @@ One `generate` call:
     score      logits = target.forward([last, drafts])           [B, k+1, V] (a tree: [B, 1 + w k, V],
                p = sampling_distribution(logits)                 tree attention) temperature / top-k / top-p
     verify     tokens, num_emitted = block_verify(drafts, q, p)  exact; k = 0 is plain sampling
-               (config.verification = "token": `verify`, token by token)
+               (config.verification = "token": `verify`, token by token; params.drafter_invariant:
+               `drafter_invariant.verify_chain` on noise keyed by each token's place)
                (a tree: verify_tree, then the accepted branch's K/V move next to the root)
     advance    each row's cache and tokens by num_emitted; every emitted token's logprob under p;
                proposer.observe(target hidden states) for heads that read them (EAGLE-3, MTP);
@@ -44,6 +45,7 @@ from specrl.generation import Completion, GenerateResult, encode_prompts, respon
 from specrl.models.kv_cache import KVCache, retired_rows_order
 from specrl.models.llama import LlamaModel
 from specrl.sampling import SamplingParams, sampling_distribution
+from specrl.speculation import drafter_invariant
 from specrl.speculation.block_verify import block_verify
 from specrl.speculation.planner import PLAIN_CALL, Planner
 from specrl.speculation.proposer import Proposal, ProposalContext, Proposer, TreeProposal
@@ -134,6 +136,7 @@ class CallState:
     plain: bool = False  # the planner runs this call as plain decoding (`Planner.plain_call`): its proposer is not
     # started and no hidden states are kept at its steps
     planner_seconds: float = 0.0  # in the planner's choices and `observe` (a normal call's)
+    noise_key: int | None = None  # drafter-invariant sampling's key (`drafter_invariant.call_key`); None: the generator
 
 
 class RolloutEngine:
@@ -198,7 +201,9 @@ class RolloutEngine:
                          stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long),
                          outputs=[None] * (len(prompts) * params.n),
                          plain=self.proposer is not None
-                         and self.planner.plain_call(len(prompts) * params.n, params.max_tokens))
+                         and self.planner.plain_call(len(prompts) * params.n, params.max_tokens),
+                         noise_key=drafter_invariant.call_key(params.seed)
+                         if params.drafter_invariant and not params.greedy else None)
         batch = self._prefill(prompts, call)
         self.generating = True
         try:
@@ -334,13 +339,17 @@ class RolloutEngine:
         k, width = plan.k, plan.width
         call.plan_reasons[plan.reason] = call.plan_reasons.get(plan.reason, 0) + 1
         tree = TreeShape(width, k) if width > 1 else None
-        proposal, draft_seconds = self._propose(batch, call, k, width)
+        keys = None if call.noise_key is None else drafter_invariant.position_keys(
+            call.noise_key, batch.slots, (batch.num_tokens - batch.prompt_len).unsqueeze(1) + torch.arange(k + 1))
+        proposal, draft_seconds = self._propose(batch, call, k, width, keys)
         probs, logprobs, hidden = self._score(batch, proposal, call, tree)
-        if tree is None:
-            emitted, num_emitted = self.verify_chain(proposal.tokens, proposal.probs, probs, call.generator)
-        else:
+        if tree is not None:
             emitted, num_emitted, logprobs, hidden = self._verify_tree(batch, proposal, probs, logprobs, hidden, tree,
-                                                                       call.generator)
+                                                                       call.generator, keys)
+        elif keys is not None:
+            emitted, num_emitted = drafter_invariant.verify_chain(proposal.tokens, probs, keys)
+        else:
+            emitted, num_emitted = self.verify_chain(proposal.tokens, proposal.probs, probs, call.generator)
         draft_seconds += self._advance(batch, emitted, num_emitted, logprobs, hidden)
         per_pos = [int((num_emitted - 1 > i).sum()) for i in range(k)]
         call.spec.record(B, k, per_pos, draft_tokens=B * k * width)
@@ -381,15 +390,17 @@ class RolloutEngine:
         else:
             call.plain_equivalent_seconds = None
 
-    def _propose(self, batch: LiveBatch, call: CallState, k: int, width: int) -> tuple[Proposal | TreeProposal, float]:
+    def _propose(self, batch: LiveBatch, call: CallState, k: int, width: int,
+                 keys: torch.Tensor | None) -> tuple[Proposal | TreeProposal, float]:
         """k drafts per row from the proposer (an empty [B, 0] proposal for k = 0; a tree of `width`
-        branches for width > 1), and its seconds."""
+        branches for width > 1), and its seconds. keys [B, k+1]: drafter-invariant sampling's, or None."""
         if k == 0:
             return Proposal(tokens=batch.tokens[:, :0], probs=None), 0.0
         n = call.params.n
         context = ProposalContext(batch.tokens, batch.num_tokens, call.params, call.generator,
                                   self.model.cfg.vocab_size, groups=batch.slots // n,
-                                  verify_seconds=call.verify_seconds, target_cache=batch.cache)
+                                  verify_seconds=call.verify_seconds, target_cache=batch.cache,
+                                  noise_keys=None if keys is None else keys[:, :k])
         start = time.perf_counter()
         proposal = self.proposer.propose(context, k) if width == 1 else self.proposer.propose_tree(context, k, width)
         return proposal, time.perf_counter() - start
@@ -407,15 +418,19 @@ class RolloutEngine:
         return probs, logprobs, hidden
 
     def _verify_tree(self, batch: LiveBatch, proposal: TreeProposal, probs, logprobs, hidden, tree: TreeShape,
-                     generator):
-        """`verify_tree`, then the accepted branch's K/V moved to the slots right after the root, and the
+                     generator, keys: torch.Tensor | None):
+        """`verify_tree` (`drafter_invariant.verify_tree` where keys [B, k+1] are given), then the accepted branch's K/V moved to the slots right after the root, and the
         logprobs and hidden states taken along the accepted path -> (emitted [B, k+1], num_emitted [B],
         logprobs [B, k+1, V], hidden {layer: [B, k+1, H]}), as a chain step returns them."""
         B, w, k = batch.size, tree.width, tree.depth
         V = probs.shape[-1]
-        emitted, num_emitted, branch = verify_tree(proposal.candidates, proposal.q_first, proposal.drafts,
-                                                   proposal.q_drafts, probs[:, 0], probs[:, 1:].view(B, w, k, V),
-                                                   generator)
+        p_nodes = probs[:, 1:].view(B, w, k, V)
+        if keys is None:
+            emitted, num_emitted, branch = verify_tree(proposal.candidates, proposal.q_first, proposal.drafts,
+                                                       proposal.q_drafts, probs[:, 0], p_nodes, generator)
+        else:
+            emitted, num_emitted, branch = drafter_invariant.verify_tree(proposal.candidates, proposal.drafts,
+                                                                         probs[:, 0], p_nodes, keys)
         path = tree.path(branch)  # [B, k+1] node indices
         lens = batch.cache.lens.unsqueeze(1)
         batch.cache.move(lens + path[:, 1:], lens + torch.arange(1, k + 1))

@@ -35,6 +35,9 @@ class RolloutConfig:
     top_k: int = within(0, "[0, inf)")  # keep the k most likely tokens (0 = all); the trainer applies it too
     max_tokens: int = within(32, "[1, inf)")  # response cap, in tokens
     prompts_per_step: int = within(8, "[1, inf)")  # distinct prompts per step; each sampled grpo.group_size times
+    # draw each token from noise keyed by (run.seed, request, sample, position): a run samples the same rollouts
+    # with any backend.proposer or none, at some cost in acceptance (docs/drafters.md); the embedded backend only
+    drafter_invariant: bool = False
 
     def __post_init__(self):
         check_fields(self)
@@ -42,7 +45,7 @@ class RolloutConfig:
     def sampling(self, n: int = 1, seed: int | None = None) -> SamplingParams:
         """The engine's sampling parameters for rollouts of n samples per prompt."""
         return SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_tokens=self.max_tokens, seed=seed)
+                              max_tokens=self.max_tokens, seed=seed, drafter_invariant=self.drafter_invariant)
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class TrainConfig:
         if self.pipeline.weight_updates == "step" and self.backend.backend != "embedded":
             raise ValueError(f"pipeline.weight_updates=step needs backend.backend=embedded: the "
                              f"{self.backend.backend} backend takes new weights between calls only")
+        if self.rollout.drafter_invariant and self.backend.backend != "embedded":
+            raise ValueError(f"rollout.drafter_invariant needs backend.backend=embedded: the {self.backend.backend} "
+                             "backend draws with its own sampler, whose tokens depend on the drafts")
         if self.grpo.overlong == "filter" and ranks > 1:
             raise ValueError("grpo.overlong=filter leaves a varying number of sequences, which does not split over "
                              f"run.trainer_ranks ({ranks}); use grpo.overlong=penalty or one trainer rank")

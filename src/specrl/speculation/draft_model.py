@@ -95,11 +95,11 @@ class DraftModelProposer(CallScopedState):
         self.cache.grow_to(int(self.synced.max()) + int(count.max()) + k)
         read = count - 1
         tokens, probs = [], []
-        for _ in range(k):
+        for j in range(k):
             logits, _ = self.model.forward(feed, self.cache)
             self.cache.lens += read + 1
             token, q = sample_draft_token(logits[rows, read], self.model.d2t, self.target_vocab_size, context.params,
-                                          context.generator)
+                                          context.generator, context.keys_at(j))
             tokens.append(token)
             probs.append(q)
             feed, read = token.unsqueeze(1), torch.zeros_like(read)

@@ -46,6 +46,7 @@ import torch
 
 from specrl.models.kv_cache import KVCache
 from specrl.sampling import SamplingParams, draw_without_replacement, sampling_distribution
+from specrl.speculation import drafter_invariant
 from specrl.speculation.draft_head import DraftHead
 from specrl.speculation.proposer import (CallScopedState, Proposal, ProposalContext, TreeProposal, sample_draft_token,
                                          to_target_vocab)
@@ -177,7 +178,8 @@ class HeadProposer(CallScopedState):
             if j:
                 feature = head.forward_cached(feature.unsqueeze(1), tokens[-1].unsqueeze(1), self.cache)[:, 0]
                 self.cache.lens += 1
-            token, q = sample_draft_token(head.logits(feature), head.d2t, context.vocab_size, params, context.generator)
+            token, q = sample_draft_token(head.logits(feature), head.d2t, context.vocab_size, params, context.generator,
+                                          context.keys_at(j))
             tokens.append(token)
             probs.append(q)
         return Proposal(tokens=torch.stack(tokens, 1), probs=None if params.greedy else torch.stack(probs, 1),
@@ -192,6 +194,13 @@ class HeadProposer(CallScopedState):
         if params.greedy:  # deterministic candidates: the head's top-w
             top = logits.topk(width, dim=-1).indices
             candidates, q_first = (top if head.d2t is None else head.d2t[top]), None
+        elif context.noise_keys is not None:  # drafter-invariant: the first candidate is the race on q (coupled to
+            # the target's token); the others, any distinct ids, are drawn from what is left of q
+            q_first = to_target_vocab(sampling_distribution(logits, params)[0], head.d2t, V)  # [B, V]
+            first = drafter_invariant.race(q_first, context.noise_keys[:, 0]).unsqueeze(1)  # [B, 1]
+            drawn = draw_without_replacement(q_first, width, context.generator)  # [B, w], at most one equal to first
+            others = drawn.gather(1, (drawn == first).long().argsort(dim=1, stable=True)[:, :width - 1])
+            candidates = torch.cat([first, others], 1)
         else:  # drawn in the head's V_out ids, then mapped (d2t is one to one: the same law, fewer ids)
             q_out, _ = sampling_distribution(logits, params)  # [B, V_out]
             candidates = draw_without_replacement(q_out, width, context.generator)  # in draw order
@@ -205,10 +214,12 @@ class HeadProposer(CallScopedState):
         cache.grow_to(int(cache.lens.max()) + k)
         feature, token = self.feature.index_select(0, rows), candidates.reshape(-1)
         drafts, probs = [], []
-        for _ in range(k - 1):
+        for j in range(1, k):
             feature = head.forward_cached(feature.unsqueeze(1), token.unsqueeze(1), cache)[:, 0]
             cache.lens += 1
-            token, q = sample_draft_token(head.logits(feature), head.d2t, V, params, context.generator)
+            keys = context.keys_at(j)
+            token, q = sample_draft_token(head.logits(feature), head.d2t, V, params, context.generator,
+                                          None if keys is None else keys.repeat_interleave(width))
             drafts.append(token.view(B, width))
             probs.append(q.view(B, width, V))
         empty = torch.zeros(B, width, 0, dtype=torch.long)

@@ -32,6 +32,7 @@ import torch
 from specrl.kernels import draft_sampler
 from specrl.models.kv_cache import KVCache
 from specrl.sampling import SamplingParams, draw, sampling_distribution
+from specrl.speculation import drafter_invariant
 
 
 @dataclass
@@ -79,12 +80,19 @@ def uses_draft_sampler(logits: torch.Tensor, params: SamplingParams) -> bool:
 
 
 def sample_draft_token(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int, params: SamplingParams,
-                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                       generator: torch.Generator | None,
+                       keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One drafted token per row from a draft's logits [B, V_out] -> (token [B], q [B, V]).
 
     q is the draft's distribution under the call's sampling params, over the target's
     vocabulary; at temperature 0 it is one-hot on the argmax and the token is that argmax.
+    keys [B]: drafter-invariant sampling's keys of the positions drafted for: the token is the race on q there
+    (`drafter_invariant.race`, over the target's ids, as the target's token will be), which couples it to the
+    target's.
     """
+    if keys is not None and not params.greedy:
+        q = to_target_vocab(sampling_distribution(logits, params)[0], d2t, vocab_size)
+        return drafter_invariant.race(q, keys), q
     if uses_draft_sampler(logits, params):  # untruncated, at a temperature: one kernel call
         token, q = draft_sampler.sample(logits, params.temperature, generator)
     else:
@@ -108,6 +116,13 @@ class ProposalContext:
     # must not change; it may write at slots from lens on (the room a step's drafts need), which the target's next
     # pass overwrites before it reads them (the int8 self-draft drafts there)
     target_cache: KVCache | None = None
+    # [B, k] drafter-invariant sampling's noise keys of the positions the k drafts are for (`drafter_invariant`;
+    # draw a sampled draft at depth j with `sample_draft_token(..., keys=noise_keys[:, j])`); None otherwise
+    noise_keys: torch.Tensor | None = None
+
+    def keys_at(self, depth: int) -> torch.Tensor | None:
+        """[B] the noise keys of the position a depth-`depth` draft is for, or None (not drafter-invariant)."""
+        return None if self.noise_keys is None else self.noise_keys[:, depth]
 
 
 class Proposer(Protocol):

@@ -20,6 +20,9 @@ from specrl.sampling import SamplingParams
 
 def to_vllm_sampling(params: SamplingParams):
     """The vLLM SamplingParams that sample as `params` does."""
+    if params.drafter_invariant and not params.greedy:
+        raise ValueError("SamplingParams.drafter_invariant is the embedded engine's: vLLM's sampler draws with "
+                         "noise its drafts change; use backend=embedded")
     import vllm
 
     return vllm.SamplingParams(
