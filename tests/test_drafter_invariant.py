@@ -4,6 +4,7 @@ Chain of invariants:
     noise        E ~ Exp(1) (Kolmogorov-Smirnov), never 0, and as often below 1e-3 as Exp(1) says;
     keys         a token's key is a function of (key, sample, position) alone, distinct across them;
     race         id i drawn with probability p(i) (chi-square, over both the groups' race and the ids' race);
+                 the kernel's race draws the reference's ids;
     drafts       a draft drawn by the race on q is distributed as the q `sample_draft_token` reports;
     verification a chain's or a tree's emitted tokens are the target's races at their positions, whatever the
                  drafts: the theorem, checked token for token on random cases;
@@ -21,7 +22,9 @@ from scipy.stats import chisquare, kstest
 from specrl.pipeline.config import load_config
 from specrl.sampling import SamplingParams
 from specrl.speculation import drafter_invariant
-from specrl.speculation.drafter_invariant import GROUP, exponentials, position_keys, race, verify_chain, verify_tree
+from specrl.kernels import draft_sampler, small_gemm
+from specrl.speculation.drafter_invariant import (GROUP, exponentials, position_keys, race, race_in_torch, verify_chain,
+                                                 verify_tree)
 from specrl.speculation.proposer import sample_draft_token
 
 P_VALUE = 1e-4
@@ -69,11 +72,26 @@ def test_the_race_draws_each_id_with_its_probability(vocab):
     assert chi_square_pvalue(draws, p) > P_VALUE
 
 
+@pytest.mark.skipif(bool(small_gemm.unavailable()), reason="the kernels' library does not run here")
+@pytest.mark.parametrize("vocab", [5, GROUP, 3 * GROUP + 17, 49_152])
+def test_the_kernels_race_draws_the_ids_the_reference_draws(vocab):
+    """`kernels.draft_sampler.race` (what fp32 rows on the CPU take) against `race_in_torch`, on 300 rows of
+    random masses with truncated ids, some rows a single id: the same id in every row."""
+    g = torch.Generator().manual_seed(vocab)
+    p = torch.rand(300, vocab, generator=g) ** 4 * (torch.rand(300, vocab, generator=g) > 0.5)
+    p[:, 0] += 1e-3
+    p[::50] = torch.nn.functional.one_hot(torch.randint(0, vocab, (6,), generator=g), vocab).float()
+    keys = keys_for(300, key=vocab)
+    assert draft_sampler.takes(p)
+    assert torch.equal(race(p, keys), race_in_torch(p, keys))
+
+
 def test_the_race_refuses_a_row_without_mass_naming_the_problem():
-    with pytest.raises(ValueError, match="no probability mass"):
-        race(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), keys_for(2))
-    with pytest.raises(ValueError, match="NaN"):
-        race(torch.tensor([[0.5, float("nan")]]), keys_for(1))
+    for run in (race, race_in_torch):  # the kernel's, for fp32 rows on the CPU, and the reference
+        with pytest.raises(ValueError, match="no probability mass"):
+            run(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), keys_for(2))
+        with pytest.raises(ValueError, match="NaN"):
+            run(torch.tensor([[0.5, float("nan")]]), keys_for(1))
 
 
 @pytest.mark.parametrize("top_k, reduced", [(0, False), (3, True)], ids=["full", "top_k-reduced-vocab"])

@@ -6,7 +6,9 @@ same seed, in turn; rounds repeat and medians are reported
 (these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline (the
 median over rounds of the round's rate over the baseline's in the same round: a drift of the
 machine's speed between rounds cancels), acceptance length and per-position acceptance (vLLM's definitions),
-the share of wall time spent inside the proposer, and the K the planner ran.
+the share of wall time spent inside the proposer, and the K the planner ran. At temperature 1 the variants
+sample other responses from the same seed, whose lengths decide how a batch drains; `drafter_invariant` has
+every variant sample the same ones (`same_samples`), so a cell compares speed alone.
 
 Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
 and hybrid proposers draft from. A proposer whose checkpoint is missing is skipped and
@@ -48,6 +50,9 @@ class DraftersBenchConfig:
     temperature: float = within(1.0, "[0, inf)")
     rounds: int = within(3, "[1, inf)")  # timed rounds per batch size; medians are reported
     seed: int = 0  # call i of a round uses seed + i on every variant
+    # every variant draws with noise keyed by each token's place (`SamplingParams.drafter_invariant`): all sample
+    # the same responses, so a cell compares speed alone, at that rule's acceptance (`same_samples`)
+    drafter_invariant: bool = False
     plot: str | None = "drafters.png"  # speedup vs batch, one line per proposer; None = no plot
     # the chain verification rules to run each proposer under (block, token), side by side in every round
     verifications: tuple[str, ...] = ("block",)
@@ -72,9 +77,11 @@ class _Runs:
     seconds: float = 0.0
     draft_seconds: float = 0.0
     k_histogram: dict[int, int] = field(default_factory=dict)
+    tokens: list[list[int]] = field(default_factory=list)  # every sampled response, in call order
 
     def add(self, result) -> None:
         self.rates.append(result.num_tokens / result.seconds)
+        self.tokens += [c.token_ids for c in result.completions]
         self.spec.merge(result.spec)
         self.seconds += result.seconds
         self.draft_seconds += result.draft_seconds
@@ -112,14 +119,15 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
     backends, skipped = _backends(config)
     rows, done, total = [], 0, len(config.batches) * config.rounds
     for batch, (prompts, n) in inputs.items():
-        warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed)
+        warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed,
+                              drafter_invariant=config.drafter_invariant)
         for (name, _), backend in backends.items():
             if name != "none":
                 backend.generate(prompts, warm)  # adaptive K explores before timing
         runs = {key: _Runs() for key in backends}
         for r in range(config.rounds):
             params = SamplingParams(n=n, temperature=config.temperature, max_tokens=config.max_tokens,
-                                    seed=config.seed + 1 + r)
+                                    seed=config.seed + 1 + r, drafter_invariant=config.drafter_invariant)
             for key, backend in backends.items():
                 runs[key].add(backend.generate(prompts, params))
             done += 1
@@ -137,11 +145,12 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
                 "acceptance_length": run.spec.acceptance_length,
                 "acceptance_per_pos": run.spec.acceptance_per_pos, "draft_cost_share": run.draft_seconds / run.seconds,
                 "k_histogram": dict(sorted(run.k_histogram.items())),
+                "same_samples": run.tokens == runs["none", None].tokens,  # as the baseline's, token for token
             })
     best = max(rows, key=lambda row: row["speedup"]) if rows else None
     summary = {
         "model": config.model, "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature,
-        "verifications": list(config.verifications),
+        "verifications": list(config.verifications), "drafter_invariant": config.drafter_invariant,
         "max_tokens": config.max_tokens, "rounds": config.rounds, "rows": rows, "skipped": skipped,
         "best": {"proposer": best["proposer"], "batch": best["batch"], "speedup": best["speedup"]} if best else None,
     }

@@ -164,3 +164,66 @@ extern "C" int specrl_sample_softmax(const float* logits, int rows, int n, float
     }
     return bad;
 }
+
+// Drafter-invariant sampling's race (`speculation/drafter_invariant.py`, `race`, whose noise this reproduces bit
+// for bit): per row, a race over groups of `group` ids (a multiple of 8) by their float64 masses, then a race
+// over the chosen group's ids, each id or group scoring log(mass) - log(E) for E = -log(1 - w) an Exp(1) variable
+// hashed from the row's key (splitmix64). The masses are summed over blocks of 8 ids as in `inverse_cdf`, whose
+// order differs from PyTorch's by float64 rounding only.
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static inline double race_exponential(uint64_t key, uint64_t id) {
+    const uint64_t bits = mix64(key + (id + 1) * 0x9E3779B97F4A7C15ULL);
+    return -log1p(-((double)((bits >> 10) | 1) * 0x1p-54));
+}
+
+// probs [rows, n] (non-negative; rows need not sum to 1); keys [rows]; token [rows]. Returns 0, or 1 where a row
+// has no mass, or a negative, NaN or infinite entry (token unset).
+extern "C" int specrl_race(const float* probs, int rows, int n, int group, const int64_t* keys, int64_t* token) {
+    std::vector<double> mass((n + 7) / 8);
+    const int groups = (n + group - 1) / group, blocks_per_group = group / 8, blocks = (n + 7) / 8;
+    int bad = 0;
+    for (int r = 0; r < rows; ++r) {
+        const float* p = probs + (int64_t)r * n;
+        const double total = block_masses(p, n, mass.data());
+        if (!(total > 0.0 && total < INFINITY)) {
+            bad = 1;
+            continue;
+        }
+        const uint64_t key = (uint64_t)keys[r], group_key = mix64(key ^ 0x5DEECE66DA3B9F01ULL);
+        int chosen = 0;
+        if (groups > 1) {
+            double best = -INFINITY;
+            for (int g = 0; g < groups; ++g) {
+                double m = 0.0;
+                for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group && b < blocks; ++b) m += mass[b];
+                if (m <= 0.0) continue;
+                const double score = log(m) - log(race_exponential(group_key, (uint64_t)g));
+                if (score > best) {
+                    best = score;
+                    chosen = g;
+                }
+            }
+        }
+        double best = -INFINITY;
+        int64_t id = -1;
+        for (int v = chosen * group; v < n && v < (chosen + 1) * group; ++v) {
+            if (p[v] <= 0.f) continue;
+            const double score = log((double)p[v]) - log(race_exponential(key, (uint64_t)v));
+            if (score > best) {
+                best = score;
+                id = v;
+            }
+        }
+        if (id < 0) {
+            bad = 1;
+            continue;
+        }
+        token[r] = id;
+    }
+    return bad;
+}

@@ -15,6 +15,9 @@ top-k and top-p, through `sampling`), on fp32 rows on the CPU (`takes`).
     token = draw(probs, u)   the same inverse-CDF draw from given probabilities (what `sampling.draw` runs on
                              fp32 rows on the CPU: one pass over the row, where PyTorch's path makes a
                              float64 copy and its cumsum; docs/fast_path.md)
+    token = race(probs, keys, group)   drafter-invariant sampling's race (`speculation.drafter_invariant.race`
+                             on fp32 rows on the CPU: one pass over the row and ~2 sqrt(V) hashes, where
+                             PyTorch's path makes ~50 calls)
 """
 from __future__ import annotations
 
@@ -37,6 +40,18 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     rows, vocab = probs.shape
     token = torch.empty(rows, dtype=torch.long)
     if small_gemm._library()[0].specrl_draw(probs.data_ptr(), rows, vocab, u.data_ptr(), token.data_ptr()):
+        raise ValueError("cannot draw from a row with no probability mass (all zero), or with a negative, NaN or "
+                         "infinite entry")
+    return token
+
+
+def race(probs: torch.Tensor, keys: torch.Tensor, group: int) -> torch.Tensor:
+    """One id per row of probs [B, V] by drafter-invariant sampling's race on the noise of keys [B] int64, over
+    groups of `group` ids (a multiple of 8), as `speculation.drafter_invariant.race` computes it."""
+    probs, keys = probs.contiguous(), keys.contiguous()
+    rows, vocab = probs.shape
+    token = torch.empty(rows, dtype=torch.long)
+    if small_gemm._library()[0].specrl_race(probs.data_ptr(), rows, vocab, group, keys.data_ptr(), token.data_ptr()):
         raise ValueError("cannot draw from a row with no probability mass (all zero), or with a negative, NaN or "
                          "infinite entry")
     return token

@@ -127,6 +127,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specrl_sample_softmax.restype = i
     lib.specrl_draw.argtypes = [p, i, i, p, p]
     lib.specrl_draw.restype = i
+    lib.specrl_race.argtypes = [p, i, i, i, p, p]
+    lib.specrl_race.restype = i
     lib.specrl_fma_probe.argtypes = [ctypes.c_long, i]
     lib.specrl_fma_probe.restype = ctypes.c_double
     return lib, ""

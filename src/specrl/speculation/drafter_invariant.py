@@ -35,12 +35,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specrl.kernels import draft_sampler
 from specrl.speculation.verify import PAD, emitted_tokens
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
 _MASK64 = (1 << 64) - 1
 _GROUP_SALT = np.uint64(0x5DEECE66DA3B9F01)  # the groups' race draws from the key's stream under this salt
-GROUP = 256  # ids per group of `race`'s first race
+GROUP = 256  # ids per group of `race`'s first race (a multiple of 8: the kernel sums blocks of 8 ids)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -86,7 +87,16 @@ def race(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
     Two races, so a draw hashes ~2 sqrt(V) ids, not V: the ids fall in groups of `GROUP` consecutive ids, a
     race over the groups' masses picks one (group g with probability P_g / sum P), and a race inside it picks
-    an id (i with probability p(i) / P_g); their noise comes from independent streams of the key."""
+    an id (i with probability p(i) / P_g); their noise comes from independent streams of the key. fp32 rows on
+    the CPU run in one kernel call (`kernels.draft_sampler.race`, the same noise; masses summed in another
+    order, so the two agree but for float64 rounding)."""
+    if draft_sampler.takes(probs):
+        return draft_sampler.race(probs, keys, GROUP)
+    return race_in_torch(probs, keys)
+
+
+def race_in_torch(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`race` in PyTorch and numpy, for any dtype and device: the kernel's reference."""
     R, V = probs.shape
     if R == 0:
         return torch.zeros(0, dtype=torch.long)
@@ -114,22 +124,12 @@ def verify_chain(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafter-invariant verification of a batch of chains (module docstring). Returns tokens [B, K+1] (the
     accepted drafts, then the target's token where no draft matched, or the bonus, then PAD) and num_emitted [B]
-    in 1..K+1, as `verify.verify` does. The race runs only at the positions a row reaches."""
+    in 1..K+1, as `verify.verify` does. The race runs at every position in one call (the ones past a row's
+    first mismatch are not read)."""
     B, K = draft_tokens.shape
-    tokens = torch.full((B, K + 1), PAD, dtype=torch.long)
-    num_accepted = torch.zeros(B, dtype=torch.long)
-    rows = torch.arange(B)
-    for j in range(K + 1):
-        target = race(target_probs[rows, j], keys[rows, j])
-        tokens[rows, j] = target
-        if j == K:
-            break
-        matched = target == draft_tokens[rows, j]
-        rows = rows[matched]
-        num_accepted[rows] += 1
-        if not rows.numel():
-            break
-    extra = tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+    target = race(target_probs.reshape(B * (K + 1), -1), keys.reshape(-1)).view(B, K + 1)
+    num_accepted = (draft_tokens == target[:, :K]).long().cumprod(1).sum(1)  # [B]
+    extra = target.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
     return emitted_tokens(draft_tokens, num_accepted, extra), num_accepted + 1
 
 

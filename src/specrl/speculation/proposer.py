@@ -90,17 +90,18 @@ def sample_draft_token(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_siz
     (`drafter_invariant.race`, over the target's ids, as the target's token will be), which couples it to the
     target's.
     """
-    if keys is not None and not params.greedy:
-        q = to_target_vocab(sampling_distribution(logits, params)[0], d2t, vocab_size)
-        return drafter_invariant.race(q, keys), q
-    if uses_draft_sampler(logits, params):  # untruncated, at a temperature: one kernel call
+    raced = keys is not None and not params.greedy
+    if uses_draft_sampler(logits, params):  # untruncated, at a temperature: one kernel call (its token unused if raced)
         token, q = draft_sampler.sample(logits, params.temperature, generator)
     else:
         q, _ = sampling_distribution(logits, params)
-        token = q.argmax(-1) if params.greedy else draw(q, generator)
+        token = None if raced else q.argmax(-1) if params.greedy else draw(q, generator)
+    q = to_target_vocab(q, d2t, vocab_size)
+    if raced:
+        return drafter_invariant.race(q, keys), q
     # drawn in the draft's own V_out ids, then mapped: d2t is one to one, so the law is the same, and
     # sampling 8192 ids instead of SmolLM2's 49152 is ~6x cheaper
-    return (token if d2t is None else d2t[token]), to_target_vocab(q, d2t, vocab_size)
+    return (token if d2t is None else d2t[token]), q
 
 
 @dataclass
