@@ -172,4 +172,5 @@ def test_raced_drafts_are_accepted_as_often_as_the_races_agree():
 def test_drafter_invariant_rollouts_need_the_embedded_backend():
     with pytest.raises(ValueError, match="rollout.drafter_invariant needs backend.backend=embedded"):
         load_config("tiny", overrides=["rollout.drafter_invariant=true", "backend.backend=vllm"])
-    assert load_config("tiny", overrides=["rollout.drafter_invariant=true"]).rollout.sampling(4, seed=1).drafter_invariant
+    config = load_config("tiny", overrides=["rollout.drafter_invariant=true"])
+    assert config.rollout.sampling(4, seed=1).drafter_invariant

@@ -141,7 +141,8 @@ def test_token_by_token_verification_also_equals_plain_decoding_at_temperature_z
 INVARIANT_TRUNCATIONS = [(0, 1.0), (3, 1.0), (0, 0.7)]  # (top_k, top_p)
 
 
-@pytest.mark.parametrize("top_k, top_p", INVARIANT_TRUNCATIONS, ids=[f"top_k={k}-top_p={p}" for k, p in INVARIANT_TRUNCATIONS])
+@pytest.mark.parametrize("top_k, top_p", INVARIANT_TRUNCATIONS,
+                         ids=[f"top_k={k}-top_p={p}" for k, p in INVARIANT_TRUNCATIONS])
 @pytest.mark.parametrize("proposer, width", [("ngram", 1), ("suffix", 1), ("draft", 1), ("eagle3", 1), ("eagle3", 3),
                                              ("mtp", 2), ("hybrid", 1), ("int8", 1)])
 def test_drafter_invariant_speculation_equals_plain_decoding_at_temperature_one(target_dir, draft_dir, proposer, width,

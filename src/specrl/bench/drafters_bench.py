@@ -119,8 +119,8 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
     backends, skipped = _backends(config)
     rows, done, total = [], 0, len(config.batches) * config.rounds
     for batch, (prompts, n) in inputs.items():
-        warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens), seed=config.seed,
-                              drafter_invariant=config.drafter_invariant)
+        warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
+                              seed=config.seed, drafter_invariant=config.drafter_invariant)
         for (name, _), backend in backends.items():
             if name != "none":
                 backend.generate(prompts, warm)  # adaptive K explores before timing

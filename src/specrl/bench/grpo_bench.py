@@ -56,7 +56,7 @@ class GRPOBenchConfig:
     seeds: int = within(8, "[1, inf)")
     first_seed: int = 0
     # both runs of a seed draw rollouts with noise keyed by each token's place (`rollout.drafter_invariant`): they
-    # sample the same answers (`same_tokens`), so the ratio compares speed alone, at that rule's acceptance
+    # sample the same answers (`same_token_counts`), so the ratio compares speed alone, at that rule's acceptance
     drafter_invariant: bool = False
     threads: int | None = within(None, "[1, inf)")  # torch CPU threads of each run; None = all cores
 
@@ -96,7 +96,7 @@ def run_grpo_bench(config: GRPOBenchConfig, progress=None) -> dict:
         "preset": config.preset, "proposer": config.proposer, "steps": config.steps, "seeds": seeds,
         "threads": config.threads, "drafter_invariant": config.drafter_invariant,
         # per seed: both runs sampled as many rollout tokens (with drafter_invariant, the same answers)
-        "same_tokens": [s["rollout_tokens"] == p["rollout_tokens"] for s, p in zip(spec, plain)],
+        "same_token_counts": [s["rollout_tokens"] == p["rollout_tokens"] for s, p in zip(spec, plain)],
         "pooled_ratio": pooled_ratio(spec, plain),
         "seconds_ratio": (sum(p["rollout_generation_s"] for p in plain)
                           / sum(s["rollout_generation_s"] for s in spec)),

@@ -419,9 +419,10 @@ class RolloutEngine:
 
     def _verify_tree(self, batch: LiveBatch, proposal: TreeProposal, probs, logprobs, hidden, tree: TreeShape,
                      generator, keys: torch.Tensor | None):
-        """`verify_tree` (`drafter_invariant.verify_tree` where keys [B, k+1] are given), then the accepted branch's K/V moved to the slots right after the root, and the
-        logprobs and hidden states taken along the accepted path -> (emitted [B, k+1], num_emitted [B],
-        logprobs [B, k+1, V], hidden {layer: [B, k+1, H]}), as a chain step returns them."""
+        """`verify_tree` (`drafter_invariant.verify_tree` where keys [B, k+1] are given), then the accepted
+        branch's K/V moved to the slots right after the root, and the logprobs and hidden states taken along the
+        accepted path -> (emitted [B, k+1], num_emitted [B], logprobs [B, k+1, V], hidden {layer: [B, k+1, H]}), as
+        a chain step returns them."""
         B, w, k = batch.size, tree.width, tree.depth
         V = probs.shape[-1]
         p_nodes = probs[:, 1:].view(B, w, k, V)
