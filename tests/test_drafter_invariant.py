@@ -19,10 +19,11 @@ import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
+from specrl.backends.vllm.convert import to_vllm_sampling
+from specrl.kernels import draft_sampler, small_gemm
 from specrl.pipeline.config import load_config
 from specrl.sampling import SamplingParams
 from specrl.speculation import drafter_invariant
-from specrl.kernels import draft_sampler, small_gemm
 from specrl.speculation.drafter_invariant import (GROUP, exponentials, position_keys, race, race_in_torch, verify_chain,
                                                  verify_tree)
 from specrl.speculation.proposer import sample_draft_token
@@ -170,6 +171,8 @@ def test_raced_drafts_are_accepted_as_often_as_the_races_agree():
 
 
 def test_drafter_invariant_rollouts_need_the_embedded_backend():
+    with pytest.raises(ValueError, match="drafter_invariant is the embedded engine's"):
+        to_vllm_sampling(SamplingParams(seed=1, drafter_invariant=True))
     with pytest.raises(ValueError, match="rollout.drafter_invariant needs backend.backend=embedded"):
         load_config("tiny", overrides=["rollout.drafter_invariant=true", "backend.backend=vllm"])
     config = load_config("tiny", overrides=["rollout.drafter_invariant=true"])
