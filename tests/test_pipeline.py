@@ -4,6 +4,7 @@ Chain of invariants:
     rollout logprobs            == the trainer's logprobs of the same tokens (<= 1e-4);
     engine after weight sync    == the trainer's updated policy (logprobs, <= 1e-4);
     resumed run                 == uninterrupted run of the same seed, step for step;
+    drafter-invariant run       == the plain run of the same seed, rollout for rollout;
     configs                     fail at load, naming the key.
 """
 from __future__ import annotations
@@ -56,6 +57,23 @@ def test_a_run_reports_what_speculation_saved_its_rollouts(tmp_path):
     adaptive = Pipeline(small_config(tmp_path / "ngram", "run.steps=1", "backend.proposer=ngram",
                                      "backend.adaptive=true")).run()
     assert adaptive["speculation_gain"] > 0
+
+
+def test_a_drafter_invariant_run_samples_the_same_rollouts_with_speculation_as_without(tmp_path):
+    """With rollout.drafter_invariant, a seeded run with the int8 self-draft and adaptive K (whose choices follow
+    wall-clock time) samples what the plain run of the same seed samples, step by step, and its rollout logprobs
+    match the trainer's."""
+    histories = {}
+    for proposer in ("int8", "none"):
+        pipeline = Pipeline(small_config(tmp_path / proposer, "run.steps=3", f"backend.proposer={proposer}",
+                                         "backend.adaptive=true", "rollout.drafter_invariant=true"))
+        pipeline.run()
+        histories[proposer] = pipeline.history
+    for spec, plain in zip(histories["int8"], histories["none"], strict=True):
+        for key in ("rollout_tokens", "reward_mean", "response_length_max", "data_positions"):
+            assert spec[key] == plain[key], (spec["step"], key)
+        assert spec["train"]["logprob_abs_error_max"] < 1e-4
+    assert sum(record["spec"]["num_drafts"] for record in histories["int8"]) > 0  # it speculated
 
 
 @pytest.mark.parametrize("truncation", [["rollout.top_p=0.7"], ["rollout.top_k=20"], ["rollout.top_k=5"]],
