@@ -96,7 +96,7 @@ def race(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 def race_in_torch(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """`race` in PyTorch and numpy, for any dtype and device: the kernel's reference."""
+    """`race` in PyTorch and numpy, for any float dtype on the CPU: the kernel's reference."""
     R, V = probs.shape
     if R == 0:
         return torch.zeros(0, dtype=torch.long)

@@ -194,19 +194,17 @@ class HeadProposer(CallScopedState):
         if params.greedy:  # deterministic candidates: the head's top-w
             top = logits.topk(width, dim=-1).indices
             candidates, q_first = (top if head.d2t is None else head.d2t[top]), None
-        elif context.noise_keys is not None:  # drafter-invariant: the first candidate is the race on q (coupled to
-            # the target's token); the others, any distinct ids, are drawn from what is left of q
-            q_first = to_target_vocab(sampling_distribution(logits, params)[0], head.d2t, V)  # [B, V]
-            first = drafter_invariant.race(q_first, context.noise_keys[:, 0]).unsqueeze(1)  # [B, 1]
-            drawn = draw_without_replacement(q_first, width, context.generator)  # [B, w], at most one equal to first
-            others = drawn.gather(1, (drawn == first).long().argsort(dim=1, stable=True)[:, :width - 1])
-            candidates = torch.cat([first, others], 1)
         else:  # drawn in the head's V_out ids, then mapped (d2t is one to one: the same law, fewer ids)
             q_out, _ = sampling_distribution(logits, params)  # [B, V_out]
             candidates = draw_without_replacement(q_out, width, context.generator)  # in draw order
             if head.d2t is not None:
                 candidates = head.d2t[candidates]
             q_first = to_target_vocab(q_out, head.d2t, V)  # [B, V]
+            if context.noise_keys is not None:  # drafter-invariant: the first candidate is the race on q, coupled
+                # to the target's token; the others are any distinct ids (the drawn ones other than it)
+                first = drafter_invariant.race(q_first, context.noise_keys[:, 0]).unsqueeze(1)  # [B, 1]
+                others = candidates.gather(1, (candidates == first).long().argsort(dim=1, stable=True)[:, :width - 1])
+                candidates = torch.cat([first, others], 1)
         rows = torch.arange(B).repeat_interleave(width)  # branch copies of each row
         cache = type(self.cache)(keys=[t.index_select(0, rows) for t in self.cache.keys],
                                  values=[t.index_select(0, rows) for t in self.cache.values],
