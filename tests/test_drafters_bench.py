@@ -5,9 +5,9 @@ from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
 
 
 def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
-    """Each round times plain decoding and then each proposer on the same prompts and seeds; the speedup is the
-    median over rounds of a round's rate over the baseline's in that round, so that the machine's speed drifting
-    between rounds cancels out of it."""
+    """Each round times plain decoding, each proposer, and plain decoding again on the same prompts and seeds; the
+    speedup is the median over rounds of a round's rate over its plain calls' rate, so that the machine's speed
+    drifting between rounds cancels out of it, and how far the two plain calls differ is reported as the noise."""
     config = DraftersBenchConfig(model="tiny", proposers=("ngram", "int8"), batches=(1, 4), max_tokens=8, rounds=3,
                                  plot=None, threads=1)
     summary = run_drafters_bench(config)
@@ -17,4 +17,5 @@ def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
         assert len(row["speedup_rounds"]) == config.rounds and min(row["speedup_rounds"]) > 0
         assert row["speedup"] == statistics.median(row["speedup_rounds"])
         assert row["acceptance_length"] >= 1.0 and row["tokens_per_s"] > 0
+    assert set(summary["plain_spread"]) == {1, 4} and all(spread >= 0 for spread in summary["plain_spread"].values())
     assert summary["best"]["speedup"] == max(row["speedup"] for row in summary["rows"])

@@ -1,14 +1,16 @@
 """Every proposer on the same prompts: which draft pays where.
 
-For each batch size, one round runs the baseline (no speculation) and then every proposer
-(under each chain verification rule asked for: block, token) on the same prompts with the
-same seed, in turn; rounds repeat and medians are reported
-(these machines are noisy). Per proposer and batch: tokens/s, speedup over the baseline (the
-median over rounds of the round's rate over the baseline's in the same round: a drift of the
-machine's speed between rounds cancels), acceptance length and per-position acceptance (vLLM's definitions),
-the share of wall time spent inside the proposer, and the K the planner ran. At temperature 1 the variants
-sample other responses from the same seed, whose lengths decide how a batch drains; `drafter_invariant` has
-every variant sample the same ones (`same_samples`), so a cell compares speed alone.
+For each batch size, one round runs plain decoding, then every proposer (under each chain verification
+rule asked for: block, token; the proposers' order rotating from round to round), then plain decoding again,
+all on the same prompts with the same seed; rounds repeat and medians are reported (these machines are noisy).
+Per proposer and batch: tokens/s, speedup over plain decoding (the median over rounds of the proposer's rate
+over the round's plain rate, which is over the mean time of the two plain calls: a drift of the machine's
+speed between rounds, or steadily within one, cancels), acceptance length and per-position acceptance (vLLM's
+definitions), the share of wall time spent inside the proposer, and the K the planner ran. The two plain
+calls of a round do the same work, so how far they differ (`plain_spread`, the median over rounds) is the
+noise a cell is read against. At temperature 1 the variants sample other responses from the same seed, whose
+lengths decide how a batch drains; `drafter_invariant` has every variant sample the same ones
+(`same_samples`), so a cell compares speed alone.
 
 Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
 and hybrid proposers draft from. A proposer whose checkpoint is missing is skipped and
@@ -117,26 +119,31 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
         caps.append(max_tokens)
     config = dataclasses.replace(config, max_tokens=min(caps))
     backends, skipped = _backends(config)
-    rows, done, total = [], 0, len(config.batches) * config.rounds
+    drafted = [key for key in backends if key[0] != "none"]
+    rows, spread, done, total = [], {}, 0, len(config.batches) * config.rounds
     for batch, (prompts, n) in inputs.items():
         warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
                               seed=config.seed, drafter_invariant=config.drafter_invariant)
-        for (name, _), backend in backends.items():
-            if name != "none":
-                backend.generate(prompts, warm)  # adaptive K explores before timing
-        runs = {key: _Runs() for key in backends}
+        for key in drafted:
+            backends[key].generate(prompts, warm)  # adaptive K explores before timing
+        runs = {key: _Runs() for key in drafted}
+        plain, plain_after = _Runs(), _Runs()  # each round's first and last call
         for r in range(config.rounds):
             params = SamplingParams(n=n, temperature=config.temperature, max_tokens=config.max_tokens,
                                     seed=config.seed + 1 + r, drafter_invariant=config.drafter_invariant)
-            for key, backend in backends.items():
-                runs[key].add(backend.generate(prompts, params))
+            plain.add(backends["none", None].generate(prompts, params))
+            turn = r % len(drafted)  # each proposer takes each place in the round in turn
+            for key in drafted[turn:] + drafted[:turn]:
+                runs[key].add(backends[key].generate(prompts, params))
+            plain_after.add(backends["none", None].generate(prompts, params))
             done += 1
             if progress is not None:
                 progress(done, total)
-        base = runs["none", None].rates
+        # both plain calls did the same work: the round's plain rate is over their mean time, and how far the
+        # second strays from the first is the machine's noise on one call
+        base = [2 / (1 / first + 1 / last) for first, last in zip(plain.rates, plain_after.rates)]
+        spread[batch] = statistics.median(abs(last / first - 1) for first, last in zip(plain.rates, plain_after.rates))
         for (name, rule), run in runs.items():
-            if name == "none":
-                continue
             ratios = [ours / theirs for ours, theirs in zip(run.rates, base)]  # each round's, paired
             rows.append({
                 "proposer": name, "verification": rule, "batch": batch, "n": n,
@@ -145,13 +152,14 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
                 "acceptance_length": run.spec.acceptance_length,
                 "acceptance_per_pos": run.spec.acceptance_per_pos, "draft_cost_share": run.draft_seconds / run.seconds,
                 "k_histogram": dict(sorted(run.k_histogram.items())),
-                "same_samples": run.tokens == runs["none", None].tokens,  # as the baseline's, token for token
+                "same_samples": run.tokens == plain.tokens,  # as the plain calls', token for token
             })
     best = max(rows, key=lambda row: row["speedup"]) if rows else None
     summary = {
         "model": config.model, "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature,
         "verifications": list(config.verifications), "drafter_invariant": config.drafter_invariant,
-        "max_tokens": config.max_tokens, "rounds": config.rounds, "rows": rows, "skipped": skipped,
+        "max_tokens": config.max_tokens, "rounds": config.rounds, "rows": rows, "plain_spread": spread,
+        "skipped": skipped,
         "best": {"proposer": best["proposer"], "batch": best["batch"], "speedup": best["speedup"]} if best else None,
     }
     if config.plot and rows:
@@ -199,6 +207,9 @@ def report(summary: dict, config: DraftersBenchConfig, console) -> None:
                       " ".join(f"{a:.2f}" for a in row["acceptance_per_pos"]), f"{100 * row['draft_cost_share']:.0f}%",
                       str(row["k_histogram"]))
     console.print(table)
+    for batch, spread in summary["plain_spread"].items():
+        console.print(f"batch {batch}: a round's two plain calls differ by {100 * spread:.1f}% (median): the "
+                      "noise each speedup is read against")
     for name, reason in summary["skipped"].items():
         console.print(f"skipped {name}: {reason}")
     if summary.get("plot"):
@@ -207,8 +218,9 @@ def report(summary: dict, config: DraftersBenchConfig, console) -> None:
 
 BENCH = Bench(DraftersBenchConfig, run_drafters_bench, report, steps=lambda c: len(c.batches) * c.rounds,
               help="every proposer on the same prompts: a table and a speedup-vs-batch plot",
-              description="For each batch size, runs plain decoding and every proposer (n-gram, group suffix, draft "
-                          "model, EAGLE-3 head, MTP head, int8 self-draft, hybrid) on the same prompts and seeds, "
-                          "alternating, for --rounds rounds. Prints acceptance length, acceptance per position, "
-                          "median speedup and the proposer's share of wall time, writes a PNG of speedup against "
+              description="For each batch size, runs plain decoding, every proposer (n-gram, group suffix, draft "
+                          "model, EAGLE-3 head, MTP head, int8 self-draft, hybrid) and plain decoding again on the "
+                          "same prompts and seeds, for --rounds rounds. Prints acceptance length, acceptance per "
+                          "position, median speedup over the round's plain calls, the proposer's share of wall time "
+                          "and how far the two plain calls differ (the noise floor); writes a PNG of speedup against "
                           "batch size. Proposers whose checkpoint is missing are skipped and named.")
