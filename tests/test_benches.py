@@ -9,6 +9,7 @@ import pytest
 
 from specrl import cli
 from specrl.bench.rollout_bench import RolloutBenchConfig, bench_inputs, run_rollout_bench
+from specrl.kernels import small_gemm
 
 
 def test_default_response_cap_fits_tinys_short_context():
@@ -37,6 +38,7 @@ def test_ignore_eos_times_the_same_token_count_in_both_variants():
     # the kernels it ran and the CPU flags that chose them (no int8 self-draft here)
     assert summary["fp32_kernel"] in ("avx512", "avx2", "eager") and summary["int8_kernel"] is None
     assert "avx2" in summary["cpu_flags"] or summary["fp32_kernel"] == "eager"
+    assert summary["cpu_class"] == small_gemm.cpu_class(summary["cpu_flags"])
 
 
 def test_the_one_sample_exactness_z_is_centred_for_the_target_and_fails_for_a_flatter_sampler():

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "specrl.commands.simulate",
     "specrl.commands.pretrain",
     "specrl.commands.train_draft",
+    "specrl.commands.env",
 )
 
 

@@ -159,6 +159,14 @@ def cpu_flags() -> list[str]:
     return [flag for flag in CPU_FLAGS if flag in listed]
 
 
+def cpu_class(flags: list[str]) -> str:
+    """The class of CPU that `flags` (`cpu_flags()`) make, as the benchmark figures name them: `AVX-512 VNNI`,
+    `AVX-512` (F and BW, no VNNI), `AVX2-only` (AVX2 and FMA), or `no AVX2` (the fast path cannot run)."""
+    if {"avx512f", "avx512bw"} <= set(flags):
+        return "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512"
+    return "AVX2-only" if {"avx2", "fma"} <= set(flags) else "no AVX2"
+
+
 def unavailable() -> str:
     """Why the kernel cannot run here ("" when it can)."""
     return _library()[1]

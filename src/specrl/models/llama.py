@@ -94,10 +94,13 @@ def default_int8_kernel(available: tuple[str, ...]) -> str:
 
 def kernels_report() -> dict:
     """The kernels a model built here runs, for benchmark records: the fp32 projections' (`avx512`, `avx2` or
-    `eager`), the int8 self-draft's default (`default_int8_kernel`), and the CPU flags that chose them."""
+    `eager`), the int8 self-draft's default (`default_int8_kernel`), the CPU flags that chose them and the class
+    they make (`small_gemm.cpu_class`)."""
     available = int8_kernels()
     fp32 = "eager" if small_gemm.unavailable() else "avx512" if small_gemm.fp32_block() == 16 else "avx2"
-    return {"fp32_kernel": fp32, "int8_kernel": default_int8_kernel(available), "cpu_flags": small_gemm.cpu_flags()}
+    flags = small_gemm.cpu_flags()
+    return {"fp32_kernel": fp32, "int8_kernel": default_int8_kernel(available), "cpu_flags": flags,
+            "cpu_class": small_gemm.cpu_class(flags)}
 
 
 class Int8Projection:
