@@ -2,6 +2,7 @@
 import statistics
 
 from specrl.bench.drafters_bench import DraftersBenchConfig, run_drafters_bench
+from specrl.models import registry
 
 
 def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
@@ -19,3 +20,15 @@ def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
         assert row["acceptance_length"] >= 1.0 and row["tokens_per_s"] > 0
     assert set(summary["plain_spread"]) == {1, 4} and all(spread >= 0 for spread in summary["plain_spread"].values())
     assert summary["best"]["speedup"] == max(row["speedup"] for row in summary["rows"])
+
+
+
+def test_a_proposer_whose_checkpoint_is_missing_is_skipped_and_named(monkeypatch, tmp_path):
+    """A draft that was never made (here `tiny`'s MTP head, as if not shipped, with an empty cache) is skipped and
+    named with the command that makes it; with no proposer left nothing is timed."""
+    monkeypatch.setenv("SPECRL_CACHE", str(tmp_path))
+    monkeypatch.setattr(registry, "SHIPPED", tuple(name for name in registry.SHIPPED if name != "tiny-mtp"))
+    summary = run_drafters_bench(DraftersBenchConfig(model="tiny", proposers=("mtp",), batches=(1,), max_tokens=4,
+                                                     rounds=1, plot=None, threads=1))
+    assert summary["rows"] == [] and summary["plain_spread"] == {} and summary["best"] is None
+    assert "specrl train-draft --target tiny --kind mtp" in summary["skipped"]["mtp"]

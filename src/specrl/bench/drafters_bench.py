@@ -121,7 +121,7 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
     backends, skipped = _backends(config)
     drafted = [key for key in backends if key[0] != "none"]
     rows, spread, done, total = [], {}, 0, len(config.batches) * config.rounds
-    for batch, (prompts, n) in inputs.items():
+    for batch, (prompts, n) in inputs.items() if drafted else ():  # (every proposer skipped: nothing to time)
         warm = SamplingParams(n=n, temperature=config.temperature, max_tokens=min(32, config.max_tokens),
                               seed=config.seed, drafter_invariant=config.drafter_invariant)
         for key in drafted:
