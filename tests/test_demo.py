@@ -3,6 +3,7 @@ self-draft at batch 1 (on `tiny` here; the demo's default is SmolLM2-135M); one 
 import json
 
 from specrl import cli
+from specrl.kernels import small_gemm
 
 
 def test_the_demo_reports_its_speculation_its_parity_and_the_batch_1_payoff(tmp_path, capsys):
@@ -16,5 +17,5 @@ def test_the_demo_reports_its_speculation_its_parity_and_the_batch_1_payoff(tmp_
     assert demo["parity_steps"] == 4 and 0 <= demo["parity_error_max"] < 1e-4
     payoff = demo["smollm2_batch1"]
     assert payoff["greedy_match"] is True and payoff["speedup"] > 0 and payoff["acceptance_per_pos"]
-    assert payoff["int8_kernel"] is not None
+    assert payoff["int8_kernel"] is not None and payoff["cpu_class"] == small_gemm.cpu_class(small_gemm.cpu_flags())
     assert {"acceptance.png", "drain.png", "reward.png"} <= {p.name for p in (run_dir / "plots").iterdir()}

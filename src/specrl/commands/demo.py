@@ -87,15 +87,18 @@ def run_payoff(model: str = PAYOFF_MODEL, max_tokens: int = 64, threads: int = 2
     out = run_rollout_bench(RolloutBenchConfig(model=model, proposer="int8", batch=1, hf=False, rounds=3,
                                                rows_per_round=2, max_tokens=max_tokens))
     payoff = {key: out[key] for key in ("tokens_per_s_base", "tokens_per_s_spec", "speedup", "acceptance_length",
-                                        "acceptance_per_pos", "greedy_match", "logprob_z", "int8_kernel", "threads")}
-    console.print(f"{model}, batch 1, {payoff['threads']} threads, int8 kernel {payoff['int8_kernel']}: "
+                                        "acceptance_per_pos", "greedy_match", "logprob_z", "int8_kernel", "cpu_class",
+                                        "threads")}
+    console.print(f"{model}, batch 1, {payoff['threads']} threads, {payoff['cpu_class']} CPU, int8 kernel "
+                  f"{payoff['int8_kernel']}: "
                   f"plain {payoff['tokens_per_s_base']:.1f} tokens/s, int8 self-draft "
                   f"{payoff['tokens_per_s_spec']:.1f} tokens/s: [bold]{payoff['speedup']:.2f}x[/bold]")
     console.print("  acceptance per draft position: "
                   + ", ".join(f"{a:.2f}" for a in payoff["acceptance_per_pos"])
                   + f"; tokens per verify step {payoff['acceptance_length']:.2f}")
     console.print(f"  greedy decoding identical with speculation on and off: {payoff['greedy_match']}")
-    console.print(f"  more: specrl bench rollout --model {model} --proposer int8 --batch 1 --no-hf --threads {threads}")
+    console.print(f"  more: specrl bench rollout --model {model} --proposer int8 --batch 1 --no-hf --threads {threads}; "
+                  f"the figures measured on {payoff['cpu_class']} CPUs: docs/benchmarks.md")
     return payoff
 
 
