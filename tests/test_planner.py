@@ -163,6 +163,20 @@ def test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_through_th
     assert sum(k > 0 for k in middle) >= len(middle) - 2, middle  # k = 2 pays 1.42x at 4 rows
 
 
+def test_plain_decoding_between_two_sizes_measured_is_priced_between_them():
+    """A size a drain has not decoded plainly at yet is priced between the nearest sizes it has, not by the line
+    through them all: flat to 8 rows and compute-bound past it, the line prices 4 rows at ~18 ms against 20."""
+    planner = Planner(max_k=3)
+    plain = lambda b: max(0.020, 0.0025 * b)  # noqa: E731
+    for _ in range(3):
+        for batch in (1, 8, 16, 24, 32):
+            planner.observe(batch, 0, plain(batch), [])
+    assert planner.plain_times.predict(4, 0) < 0.95 * plain(4)  # the line, the compute-bound steps weighing most
+    assert abs(planner.plain_seconds(4) / plain(4) - 1) < 0.01
+    assert abs(planner.plain_seconds(12) / ((plain(8) + plain(16)) / 2) - 1) < 0.01
+    assert planner.plain_seconds(40) == planner.plain_times.predict(40, 0)  # past the sizes measured: the line
+
+
 def test_the_first_speculative_step_is_not_fitted():
     """The planner's first speculative step pays one-time costs (on `tiny`, the first in a process: 6.9 ms
     against 1.1, its draft 0.48 against 0.33 ms). With a draft whose bound is near plain decoding's, that one
@@ -362,6 +376,26 @@ def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():
     cost = {0: 0.043, 1: 0.045, 2: 0.080, 3: 0.090}  # seconds per step at one batch size
     chosen = run_planner(lambda b, k: cost[k] + 0.002 * k, acceptance=0.3, batches=[10] * 40)
     assert chosen[-10:].count(1) >= 8 and set(chosen[-10:]) <= {0, 1}  # two plain steps after 32 speculative ones
+
+
+def test_a_k_priced_by_one_slow_step_returns_to_the_line_as_that_step_is_forgotten():
+    """Each k between 0 and max_k runs once when explored; its verify offset then rested on that one step. The
+    int8 self-draft at batch 1 (SmolLM2, 2 threads) explored k = 1 at 25.8 ms, where a 2-token pass takes ~16,
+    and kept that price, and those of the other k explored once, for the rest of the process (docs/log.md,
+    2026-11-29, night). Held towards 0 with a small weight, an offset whose step is forgotten returns to the
+    line the recent steps draw."""
+    planner = Planner(max_k=8, prior_acceptance=0.95)
+    verify = lambda k: 0.016 + 0.002 * k  # noqa: E731
+    draft_pass, slow = 0.004, 5
+    for step in range(400):
+        k = planner.choose(1)
+        seconds = verify(k) * (3.0 if k == slow and slow not in planner._explored else 1.0)
+        planner.observe(1, k, seconds + k * draft_pass, [round(0.95 ** (i + 1)) for i in range(k)],
+                        draft_seconds=k * draft_pass)
+        if step == 30:
+            assert planner.verify_times.predict(1, slow) > 2 * verify(slow)  # explored, at its one slow step
+    assert abs(planner.verify_times.predict(1, slow) / verify(slow) - 1) < 0.1
+    assert abs(planner.verify_times.predict(1, 8) / verify(8) - 1) < 0.05
 
 
 def test_reported_proposer_time_is_modelled_apart_from_verification():

@@ -13,11 +13,14 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
  3. P per position given the positions before, per sampling setting and tree width, from the prior.
     `test_acceptance_is_estimated_per_position_given_the_positions_before`, `..._kept_apart_per_sampling_setting`
  4. T from least-squares fits with forgetting (`step_time`); plain decoding, where plain steps ran at this B,
-    at their mean there, each older one keeping `plain_decay` of its weight per step at this B (plain or not); a
-    plain step's time leaves out the planner's choice in it (plain decoding that stands runs unpriced: rule 10),
-    a speculative step's keeps it (each is priced).
+    at their mean there, each older one keeping `plain_decay` of its weight per step at this B (plain or not),
+    between two such sizes interpolated between the nearest; a plain step's time leaves out the planner's choice
+    in it (plain decoding that stands runs unpriced: rule 10), a speculative step's keeps it (each is priced).
+    Each k's own verify offset is held towards the fit's line with `offset_prior` steps' weight.
     `test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_...`,
-    `test_a_plain_step_is_priced_without_the_choice_made_in_it`
+    `test_plain_decoding_between_two_sizes_measured_is_priced_between_them`,
+    `test_a_plain_step_is_priced_without_the_choice_made_in_it`,
+    `test_a_k_priced_by_one_slow_step_returns_to_the_line_as_that_step_is_forgotten`
  5. Not fitted: the first speculative step, the step after a prefill, a plain step after a speculative one.
     `test_the_first_speculative_step_is_not_fitted`, `test_the_first_step_after_a_prefill_is_not_fitted`
  6. An option not yet run in a power-of-two range of B: its verify priced as a plain step over as many tokens;
@@ -70,6 +73,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -77,7 +81,7 @@ from typing import NamedTuple
 
 from specrl.speculation.acceptance import AcceptanceEstimate
 from specrl.speculation.response_lengths import ResponseLengths
-from specrl.speculation.step_time import StepTimeModel, draft_features, plain_features, verify_features
+from specrl.speculation.step_time import StepTimeModel, draft_features, plain_features, step_features, verify_features
 
 
 def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
@@ -145,6 +149,8 @@ class Planner:
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
     plain_call_drift: float = 0.1  # `plain_call`'s verdict is found again once a plain price it rested on moved
     # by this share
+    offset_prior: float = 0.25  # steps' weight holding each k's verify offset at 0: a k run once is priced 80% at its
+    # step and, as that step is forgotten, at the line the recent steps draw (one noisy step's price would stand)
 
     def __post_init__(self):
         self.options = [(k, 1) for k in range(self.max_k + 1)] + \
@@ -152,8 +158,10 @@ class Planner:
         extras = sorted({w * k for k, w in self.options} - {0, self.max_k})
         self.plain_times = StepTimeModel(decay=self.plain_decay, features=plain_features)
         self._plain_at: dict[int, list[float]] = {}  # batch -> [decayed mean, weight] of the plain steps measured there
+        self._plain_sizes: list[int] = []  # its batch sizes, sorted
         self._speculated_at: Counter = Counter()  # batch -> speculative steps there since its last plain step measured
-        self.verify_times = StepTimeModel(features=verify_features(extras))
+        self.verify_times = StepTimeModel(features=verify_features(extras),
+                                          prior=(0.0,) * len(step_features(1, 1)) + (self.offset_prior,) * len(extras))
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
@@ -285,10 +293,17 @@ class Planner:
         return [seconds + scale * self.draft_times.predict(near, k, width) for seconds, (k, width) in zip(verify, options)]
 
     def plain_seconds(self, batch: int) -> float:
-        """A plain step over `batch` rows: the decayed mean of those measured at this size, else the fitted line
-        (module docstring)."""
+        """A plain step over `batch` rows: the decayed mean of those measured at this size; between two sizes
+        measured, interpolated between the nearest on either side; else the fitted line (module docstring)."""
         seen = self._plain_at.get(batch)
-        return seen[0] if seen is not None else self.plain_times.predict(batch, 0)
+        if seen is not None:
+            return seen[0]
+        above = bisect.bisect(self._plain_sizes, batch)
+        if 0 < above < len(self._plain_sizes):
+            low, high = self._plain_sizes[above - 1], self._plain_sizes[above]
+            share = (batch - low) / (high - low)
+            return (1 - share) * self._plain_at[low][0] + share * self._plain_at[high][0]
+        return self.plain_times.predict(batch, 0)
 
     def _measured_plain(self, batch: int, seconds: float, fit: bool = True) -> None:
         """A plain step measured at `batch` rows, on caches as plain decoding leaves them: into the plain fit (not
@@ -297,7 +312,10 @@ class Planner:
         are few: their price would stand for good)."""
         if fit:
             self.plain_times.add(batch, 0, seconds)
-        seen = self._plain_at.setdefault(batch, [seconds, 0.0])
+        seen = self._plain_at.get(batch)
+        if seen is None:
+            seen = self._plain_at[batch] = [seconds, 0.0]
+            bisect.insort(self._plain_sizes, batch)
         seen[1] = self.plain_decay ** (1 + self._speculated_at.pop(batch, 0)) * seen[1] + 1.0
         seen[0] += (seconds - seen[0]) / seen[1]
 

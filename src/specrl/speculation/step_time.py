@@ -3,7 +3,8 @@ over what past steps took, forgetting old steps.
 
     plain(B)     = a0 + b0 * B                       `plain_features`
     verify(B, k) = a + b * B * (k + 1) + c * k + d * k * B + one offset per k in (0, max_k)
-                                                     `verify_features` (over `step_features`)
+                                                     `verify_features` (over `step_features`); the planner
+                                                     holds each offset towards 0 (`prior`)
     draft(B, k)  = k * (e + f * B)                   `draft_features`
 """
 from __future__ import annotations
@@ -52,12 +53,16 @@ class StepTimeModel:
 
     FOLD_AT = 64  # noted steps that join the sums even if no fit is asked for (adaptive=False is never priced)
 
-    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features):
+    def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features,
+                 prior: tuple[float, ...] | None = None):
+        """`prior`: per feature, the weight in steps (each step adds its feature row once) holding its
+        coefficient at 0, past the `ridge` every one has (None: none)."""
         self.decay, self.ridge, self.features = decay, ridge, features
         n = len(features(1, 1))
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
         self._eye = np.eye(n)
+        self._prior = tuple(prior) if prior is not None else (0.0,) * n
         self._coef: list[float] | None = None
         self._rows: dict[tuple[int, int, int], tuple[float, ...]] = {}  # feature rows per (B, k, width): a drain
         # revisits the same few
@@ -95,11 +100,11 @@ class StepTimeModel:
             ridge = self.ridge * (sum(xtx[i][i] for i in range(len(xty))) or 1.0)
             if len(xty) == 2:  # the plain and draft fits: in closed form (numpy's per-call cost outweighs a 2x2 solve)
                 (a, b), (c, d) = xtx
-                a, d = a + ridge, d + ridge
+                a, d = a + ridge + self._prior[0], d + ridge + self._prior[1]
                 det = a * d - b * c
                 self._coef = [(d * xty[0] - b * xty[1]) / det, (a * xty[1] - c * xty[0]) / det]
             else:
-                self._coef = np.linalg.solve(self.xtx + ridge * self._eye, self.xty).tolist()
+                self._coef = np.linalg.solve(self.xtx + ridge * self._eye + np.diag(self._prior), self.xty).tolist()
         return self._coef
 
     @property
