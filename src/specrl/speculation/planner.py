@@ -16,20 +16,27 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     at their mean there, each older one keeping `plain_decay` of its weight per step at this B (plain or not),
     between two such sizes interpolated between the nearest; a plain step's time leaves out the planner's choice
     in it (plain decoding that stands runs unpriced: rule 10), a speculative step's keeps it (each is priced).
-    Each k's own verify offset is held towards the fit's line with `offset_prior` steps' weight.
+    Each k's own verify offset is held towards the fit's line with `offset_prior` steps' weight. A step measured
+    at under a quarter of its price shows that the steps behind the price stalled: the fit (or the size's plain
+    mean) keeps 0.01% of their weight (`StepTimeModel.STALL_RATIO`).
     `test_plain_decoding_is_priced_where_it_was_measured_not_by_a_line_...`,
     `test_plain_decoding_between_two_sizes_measured_is_priced_between_them`,
     `test_a_plain_step_is_priced_without_the_choice_made_in_it`,
-    `test_a_k_priced_by_one_slow_step_returns_to_the_line_as_that_step_is_forgotten`
- 5. Not fitted: the first speculative step, the step after a prefill, a plain step after a speculative one.
-    `test_the_first_speculative_step_is_not_fitted`, `test_the_first_step_after_a_prefill_is_not_fitted`
+    `test_a_k_priced_by_one_slow_step_returns_to_the_line_as_that_step_is_forgotten`,
+    `test_a_stall_over_the_first_steps_does_not_keep_speculation_off`,
+    `test_a_stall_over_the_first_plain_steps_does_not_keep_a_losing_draft_on`
+ 5. Not fitted: the first speculative step in each power-of-two range of B, the step after a prefill, a plain
+    step after a speculative one. `test_the_first_speculative_step_is_not_fitted`,
+    `test_the_first_speculative_step_in_each_batch_range_is_not_fitted`,
+    `test_the_first_step_after_a_prefill_is_not_fitted`
  6. An option not yet run in a power-of-two range of B: its verify priced as a plain step over as many tokens;
     where no draft ran in the range, its drafts at the nearest size's cost, in proportion to the rows below it.
     `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`,
     `test_a_draft_dearer_per_row_at_more_rows_is_measured_in_the_tail_where_it_pays`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
-    what could pay if every draft were kept (`_could_pay`).
-    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_once_in_a_new_range`
+    what could pay if every draft were kept, its drafts at most at the cheapest pass measured (`_could_pay`).
+    `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_in_a_new_range`,
+    `test_one_slow_draft_pass_bars_neither_explores_nor_refreshes`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
     Refreshes cost at most `probe_share` of the plain decoding time: each refresh and explore adds to a debt
@@ -183,7 +190,7 @@ class Planner:
         self.off_streak = 0  # consecutive steps run with k = 0
         self._last_k = 0  # the last step's k
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
-        self._drafted = False  # a speculative step has run (the first is not fitted: `observe`)
+        self._drafted_in: set[int] = set()  # batch ranges a speculative step ran in (the first is not fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
         self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
         self._cheapest_pass: dict[int, float] = {}  # batch range -> the cheapest draft pass measured there
@@ -243,19 +250,18 @@ class Planner:
             self._explored.add(option)  # counts only grow: explored for good
         return option == (0, 1) and not seen[batch.bit_length()]
 
-    def _could_pay(self, option: tuple[int, int], batch: int, cheapest_drafts: bool = False,
-                   room: int | None = None) -> bool:
+    def _could_pay(self, option: tuple[int, int], batch: int, room: int | None = None) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
         accepted, priced from what was measured directly (`_unfitted_seconds`), not by the verify fit's
-        extrapolation to an option not yet run; true until plain steps were fitted. `cheapest_drafts` (a
-        refresh, which re-measures the draft's cost too): its drafts at the cheapest pass measured in this
-        batch range, so that one slow pass cannot bar every refresh for good. With `room`, the call's setup
-        not yet paid is priced in (`_setup_per_token`)."""
+        extrapolation to an option not yet run, its drafts at most at the cheapest pass measured in this batch
+        range: one slow pass (a thread descheduled in it) would otherwise bar every explore and refresh, which
+        are what would measure the pass again, for good. True until plain steps were fitted. With `room`, the
+        call's setup not yet paid is priced in (`_setup_per_token`)."""
         if not self.plain_times.fitted:
             return True
         k, width = option
         seconds = self._unfitted_seconds(batch, [option])[0]
-        cheapest = self._cheapest_pass.get(batch.bit_length()) if cheapest_drafts else None
+        cheapest = self._cheapest_pass.get(batch.bit_length())
         if cheapest is not None:
             seconds = min(seconds, self._unfitted_seconds(batch, [option], drafts=False)[0] + k * width * cheapest)
         go_on = 1.0 - self.stop_rate
@@ -316,7 +322,10 @@ class Planner:
         if seen is None:
             seen = self._plain_at[batch] = [seconds, 0.0]
             bisect.insort(self._plain_sizes, batch)
-        seen[1] = self.plain_decay ** (1 + self._speculated_at.pop(batch, 0)) * seen[1] + 1.0
+        keep = self.plain_decay ** (1 + self._speculated_at.pop(batch, 0))
+        if seconds * StepTimeModel.STALL_RATIO < seen[0]:  # the steps behind the mean stalled (`StepTimeModel`)
+            keep *= StepTimeModel.STALL_KEEP
+        seen[1] = keep * seen[1] + 1.0
         seen[0] += (seconds - seen[0]) / seen[1]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
@@ -355,7 +364,7 @@ class Planner:
                           for option in self._allowed_options(rows, None)[1:])
             saving = 0.0 if explore else sum(steps.get(size.bit_length(), 1.0) * self._saving(size) for size in sizes)
             plain = not explore and saving <= planner_seconds
-            refresh = plain and not saving and any(self._could_pay(self._refresh_option(), size, cheapest_drafts=True)
+            refresh = plain and not saving and any(self._could_pay(self._refresh_option(), size)
                                                    for size in sizes)
             limit = self.refresh_max
             if plain and saving:  # a normal call measures the drain again after as many steps, twice as many each
@@ -420,7 +429,7 @@ class Planner:
         refresh = self._refresh_option()
         if self.off_streak >= self.refresh_wait and (room is None or refresh[0] < room) \
                 and not self.probe_debt \
-                and self._could_pay(refresh, batch, cheapest_drafts=True):
+                and self._could_pay(refresh, batch):
             self.refresh_wait = min(2 * self.refresh_wait, self.refresh_max)
             return StepPlan(*refresh, "refresh")
         if len(self._explored) < len(self.options) or not self.samples[0, 1][batch.bit_length()]:
@@ -428,7 +437,7 @@ class Planner:
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room=room)):
+                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room)):
                     return StepPlan(*option, "explore")
         if self._speculated_at.get(batch, 0) >= self.refresh_every:  # plain steps now and then keep this size's
             return StepPlan(0, 1, "plain-fit")  # price current: two, as the first after a speculative step is not
@@ -474,7 +483,7 @@ class Planner:
         here = batch.bit_length()
         wait = self._plain_waits.get(here)
         wait = self._plain_waits[here] = min(2 * wait, self.reprice_max) if wait else self.reprice_every
-        if self._could_pay(self._refresh_option(), batch, cheapest_drafts=True):  # else no refresh could run
+        if self._could_pay(self._refresh_option(), batch):  # else no refresh could run
             paying = self.probe_debt / max(self.probe_share * self.plain_seconds(batch), 1e-12)  # steps to pay it
             wait = min(wait, max(self.refresh_wait - self.off_streak, paying))
         self._plain_holds[here] = int(max(wait, self.reprice_every)) - 1
@@ -556,8 +565,9 @@ class Planner:
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         first, self._after_prefill = self._after_prefill, False
-        if k and not self._drafted:  # the first speculative step pays one-time costs (module docstring)
-            first, self._drafted = True, True
+        if k and batch.bit_length() not in self._drafted_in:  # the first speculative step in a batch range pays
+            first = True  # one-time costs (module docstring)
+            self._drafted_in.add(batch.bit_length())
         if self.last.reason == "held":  # plain decoding chosen unpriced is not fitted either (`reprice_every`), but
             if not first and not self._last_k:  # it is a plain step at this size (`plain_seconds`)
                 self._measured_plain(batch, seconds, fit=False)

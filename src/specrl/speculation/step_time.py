@@ -49,9 +49,19 @@ class StepTimeModel:
     For the same reason `add` only notes the step; the steps noted since the last fit join the sums at
     once, when the fit is next needed (or every `FOLD_AT` steps): updating the sums at each step was most
     of what feeding the planner cost where plain decoding stands unpriced (`reprice_every`). The measured
-    costs are in docs/log.md."""
+    costs are in docs/log.md.
+
+    A step measured at under 1 / `STALL_RATIO` of what the fit, as last solved, predicts for it shows that the
+    steps behind that prediction were slowed by something else (a thread descheduled for tens of milliseconds
+    while the first steps ran): the fit keeps `STALL_KEEP` of their weight before adding it. Least squares with
+    forgetting would otherwise carry such a step for as long as no later step runs with its features: an option
+    priced at a stalled step is never chosen again, so it is never measured again. (Checked against the fit last
+    solved only: solving at every step would cost what noting steps saves; the planner solves before each step
+    it prices.)"""
 
     FOLD_AT = 64  # noted steps that join the sums even if no fit is asked for (adaptive=False is never priced)
+    STALL_RATIO = 4.0  # a step this many times cheaper than predicted shows the steps behind the prediction stalled
+    STALL_KEEP = 1e-4  # ... and they keep this share of their weight (a 1000x stall weighs as 0.1 usual step then)
 
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9, features=step_features,
                  prior: tuple[float, ...] | None = None):
@@ -73,6 +83,9 @@ class StepTimeModel:
         row = self._rows.get(key)
         if row is None:
             row = self._rows[key] = self.features(batch, k, width)
+        if self._coef is not None and seconds * self.STALL_RATIO < self.predict_features(row):  # (solved: all folded)
+            self.xtx *= self.STALL_KEEP
+            self.xty *= self.STALL_KEEP
         self._noted.append((row, seconds))
         self._coef = None
         if len(self._noted) >= self.FOLD_AT:
