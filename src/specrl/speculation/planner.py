@@ -190,7 +190,8 @@ class Planner:
         self.off_streak = 0  # consecutive steps run with k = 0
         self._last_k = 0  # the last step's k
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
-        self._drafted_in: set[int] = set()  # batch ranges a speculative step ran in (the first is not fitted: `observe`)
+        self._speculated_in: set[int] = set()  # batch ranges a speculative step ran in (the first there is not
+        # fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
         self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
         self._cheapest_pass: dict[int, float] = {}  # batch range -> the cheapest draft pass measured there
@@ -565,9 +566,9 @@ class Planner:
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         first, self._after_prefill = self._after_prefill, False
-        if k and batch.bit_length() not in self._drafted_in:  # the first speculative step in a batch range pays
+        if k and batch.bit_length() not in self._speculated_in:  # the first speculative step in a batch range pays
             first = True  # one-time costs (module docstring)
-            self._drafted_in.add(batch.bit_length())
+            self._speculated_in.add(batch.bit_length())
         if self.last.reason == "held":  # plain decoding chosen unpriced is not fitted either (`reprice_every`), but
             if not first and not self._last_k:  # it is a plain step at this size (`plain_seconds`)
                 self._measured_plain(batch, seconds, fit=False)
