@@ -34,9 +34,11 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`,
     `test_a_draft_dearer_per_row_at_more_rows_is_measured_in_the_tail_where_it_pays`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
-    what could pay if every draft were kept, its drafts at most at the cheapest pass measured (`_could_pay`).
+    what could pay if every draft were kept, its drafts at most at the cheapest pass measured in the batch range
+    past a call's first speculative step, a bar resting on `min_samples` such passes (`_could_pay`).
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_in_a_new_range`,
-    `test_one_slow_draft_pass_bars_neither_explores_nor_refreshes`
+    `test_one_slow_draft_pass_bars_neither_explores_nor_refreshes`,
+    `test_a_calls_first_draft_which_leaves_out_the_catching_up_does_not_open_every_explore`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
     Refreshes cost at most `probe_share` of the plain decoding time: each refresh and explore adds to a debt
@@ -194,7 +196,9 @@ class Planner:
         # fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
         self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
-        self._cheapest_pass: dict[int, float] = {}  # batch range -> the cheapest draft pass measured there
+        self._cheapest_pass: dict[int, float] = {}  # batch range -> the cheapest draft pass measured there, past
+        # a call's first speculative step
+        self._passes_measured: Counter = Counter()  # batch range -> the speculative steps that measured one
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
@@ -255,10 +259,12 @@ class Planner:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
         accepted, priced from what was measured directly (`_unfitted_seconds`), not by the verify fit's
         extrapolation to an option not yet run, its drafts at most at the cheapest pass measured in this batch
-        range: one slow pass (a thread descheduled in it) would otherwise bar every explore and refresh, which
-        are what would measure the pass again, for good. True until plain steps were fitted. With `room`, the
-        call's setup not yet paid is priced in (`_setup_per_token`)."""
-        if not self.plain_times.fitted:
+        range past a call's first speculative step (whose draft leaves out the catching up later steps pay).
+        True until plain steps were fitted, and where one such step but fewer than `min_samples` measured a
+        pass in this range: one slow pass (a thread descheduled in it) would otherwise bar every explore and
+        refresh, which are what would measure it again, for good. With `room`, the call's setup not yet paid is
+        priced in (`_setup_per_token`)."""
+        if not self.plain_times.fitted or 0 < self._passes_measured[batch.bit_length()] < self.min_samples:
             return True
         k, width = option
         seconds = self._unfitted_seconds(batch, [option])[0]
@@ -557,7 +563,8 @@ class Planner:
             emitted = batch + sum(accepted_per_pos)  # each row's token after its accepted drafts
             extra = seconds + setup_seconds - emitted / batch * self.plain_seconds(batch)
             self.probe_debt = max(self.probe_debt + extra, 0.0)
-        if k and not self._set_up:
+        call_first = k and not self._set_up  # the call's first speculative step: its setup reported apart
+        if call_first:
             self._set_up = True
             last = self.setup_seconds.get(self._weights_changed, setup_seconds)
             self.setup_seconds[self._weights_changed] = (last + setup_seconds) / 2
@@ -592,6 +599,8 @@ class Planner:
                 self.samples[(k, width)][batch.bit_length()] += 1
         if k:
             here = batch.bit_length()
-            self._cheapest_pass[here] = min(self._cheapest_pass.get(here, math.inf), draft_seconds / (k * width))
+            if not call_first:  # (a head's later steps catch up over the tokens kept: a pass costs that too)
+                self._cheapest_pass[here] = min(self._cheapest_pass.get(here, math.inf), draft_seconds / (k * width))
+                self._passes_measured[here] += 1
             self.acceptance[width].observe_accepted_prefix(batch, accepted_per_pos,
                                                            self.refresh_weight if self.last.reason == "refresh" else None)
