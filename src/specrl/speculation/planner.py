@@ -198,7 +198,8 @@ class Planner:
         self._drafted_ranges: set[int] = set()  # their power-of-two ranges (`int.bit_length`)
         self._cheapest_pass: dict[int, float] = {}  # batch range -> the cheapest draft pass measured there, past
         # a call's first speculative step
-        self._passes_measured: Counter = Counter()  # batch range -> the speculative steps that measured one
+        self._passes_measured: Counter = Counter()  # batch range -> the speculative steps that measured one (past
+        # a call's first)
         self.kept_tokens = self.stopped_rows = 0.0  # decayed counts: tokens rows kept, rows a stop ended
         self.lengths = ResponseLengths(decay=self.length_decay)  # where the retired rows ended
         self.refresh_wait = self.refresh_every  # k = 0 steps in a row before the next refresh
