@@ -419,6 +419,25 @@ def test_a_calls_first_draft_which_leaves_out_the_catching_up_does_not_open_ever
     assert speculative == 3  # the bootstrap: k = 1 twice (the first not fitted), k = 2 once (a bar rests on two passes)
 
 
+def test_one_stalled_pass_past_a_calls_first_step_does_not_bar_the_explores():
+    """The demo's payoff under load (`tiny`'s int8 self-draft, batch 1, calls of 24 tokens): the one draft step past
+    a call's first that measured a pass stalled (72 ms against 0.2). Its pass alone made the bar: no explore or
+    refresh could pay, and the calls ran plain for good. The bar rests on two such passes."""
+    planner, speculative, stalled = Planner(max_k=8, prior_acceptance=0.95), [], False
+    for call in range(12):
+        planner.prefilled()
+        first = True
+        for step in range(24):
+            k = planner.choose_step(1, room=24 - step).k
+            drafts = 0.0002 * k
+            if k and not first and not stalled:
+                drafts, stalled = drafts + 0.072, True
+            planner.observe(1, k, 0.0005 + 0.00002 * k + drafts, [1] * k, draft_seconds=drafts)
+            first = first and not k
+            speculative.append(bool(k))
+    assert stalled and sum(speculative[-48:]) >= 36  # the last two calls speculate (0 with the one pass as the bar)
+
+
 def run_stalled_planner(stalled_steps: int, draft_pass: float, stall) -> list[int]:
     """A planner at batch 1 (max_k 3, plain 1 ms, verify 1 + 0.1 k ms, every draft kept) whose first
     `stalled_steps` steps take `stall(verify, drafts, k)` instead; returns its k per step."""

@@ -38,7 +38,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     past a call's first speculative step, a bar resting on `min_samples` such passes (`_could_pay`).
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_in_a_new_range`,
     `test_one_slow_draft_pass_bars_neither_explores_nor_refreshes`,
-    `test_a_calls_first_draft_which_leaves_out_the_catching_up_does_not_open_every_explore`
+    `test_a_calls_first_draft_which_leaves_out_the_catching_up_does_not_open_every_explore`,
+    `test_one_stalled_pass_past_a_calls_first_step_does_not_bar_the_explores`
  8. Refresh: after `refresh_wait` plain steps one short speculative step; the wait doubles after each refresh
     that leaves speculation off, up to `refresh_max`. `test_refreshes_of_a_draft_that_never_pays_grow_rarer`
     Refreshes cost at most `probe_share` of the plain decoding time: each refresh and explore adds to a debt
