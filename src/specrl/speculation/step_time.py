@@ -71,8 +71,8 @@ class StepTimeModel:
         n = len(features(1, 1))
         self.xtx = np.zeros((n, n))
         self.xty = np.zeros(n)
-        self._eye = np.eye(n)
         self._prior = tuple(prior) if prior is not None else (0.0,) * n
+        self._eye, self._prior_matrix = np.eye(n), np.diag(self._prior)
         self._coef: list[float] | None = None
         self._rows: dict[tuple[int, int, int], tuple[float, ...]] = {}  # feature rows per (B, k, width): a drain
         # revisits the same few
@@ -117,7 +117,7 @@ class StepTimeModel:
                 det = a * d - b * c
                 self._coef = [(d * xty[0] - b * xty[1]) / det, (a * xty[1] - c * xty[0]) / det]
             else:
-                self._coef = np.linalg.solve(self.xtx + ridge * self._eye + np.diag(self._prior), self.xty).tolist()
+                self._coef = np.linalg.solve(self.xtx + ridge * self._eye + self._prior_matrix, self.xty).tolist()
         return self._coef
 
     @property
