@@ -18,6 +18,7 @@ def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
         assert len(row["speedup_rounds"]) == config.rounds and min(row["speedup_rounds"]) > 0
         assert row["speedup"] == statistics.median(row["speedup_rounds"])
         assert row["acceptance_length"] >= 1.0 and row["tokens_per_s"] > 0
+        assert sum(row["plan_reasons"].values()) == sum(row["k_histogram"].values())  # every step says why
     assert set(summary["plain_spread"]) == {1, 4} and all(spread >= 0 for spread in summary["plain_spread"].values())
     assert summary["best"]["speedup"] == max(row["speedup"] for row in summary["rows"])
 

@@ -6,11 +6,11 @@ all on the same prompts with the same seed; rounds repeat and medians are report
 Per proposer and batch: tokens/s, speedup over plain decoding (the median over rounds of the proposer's rate
 over the round's plain rate, which is over the mean time of the two plain calls: a drift of the machine's
 speed between rounds, or steadily within one, cancels), acceptance length and per-position acceptance (vLLM's
-definitions), the share of wall time spent inside the proposer, and the K the planner ran. The two plain
-calls of a round do the same work, so how far they differ (`plain_spread`, the median over rounds) is the
-noise a cell is read against. At temperature 1 the variants sample other responses from the same seed, whose
-lengths decide how a batch drains; `drafter_invariant` has every variant sample the same ones
-(`same_samples`), so a cell compares speed alone.
+definitions), the share of wall time spent inside the proposer, the K the planner ran and why (its steps per
+reason, `REASONS`). The two plain calls of a round do the same work, so how far they differ (`plain_spread`,
+the median over rounds) is the noise a cell is read against. At temperature 1 the variants sample other
+responses from the same seed, whose lengths decide how a batch drains; `drafter_invariant` has every variant
+sample the same ones (`same_samples`), so a cell compares speed alone.
 
 Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
 and hybrid proposers draft from. A proposer whose checkpoint is missing is skipped and
@@ -79,6 +79,7 @@ class _Runs:
     seconds: float = 0.0
     draft_seconds: float = 0.0
     k_histogram: dict[int, int] = field(default_factory=dict)
+    plan_reasons: dict[str, int] = field(default_factory=dict)  # steps per reason the planner gave (`REASONS`)
     tokens: list[list[int]] = field(default_factory=list)  # every sampled response, in call order
 
     def add(self, result) -> None:
@@ -89,6 +90,8 @@ class _Runs:
         self.draft_seconds += result.draft_seconds
         for k, count in result.k_histogram.items():
             self.k_histogram[k] = self.k_histogram.get(k, 0) + count
+        for reason, count in result.plan_reasons.items():
+            self.plan_reasons[reason] = self.plan_reasons.get(reason, 0) + count
 
 
 def _backends(config: DraftersBenchConfig) -> tuple[dict, dict[str, str]]:
@@ -152,6 +155,7 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
                 "acceptance_length": run.spec.acceptance_length,
                 "acceptance_per_pos": run.spec.acceptance_per_pos, "draft_cost_share": run.draft_seconds / run.seconds,
                 "k_histogram": dict(sorted(run.k_histogram.items())),
+                "plan_reasons": dict(sorted(run.plan_reasons.items())),
                 "same_samples": run.tokens == plain.tokens,  # as the plain calls', token for token
             })
     best = max(rows, key=lambda row: row["speedup"]) if rows else None
