@@ -21,6 +21,7 @@ def test_the_speedup_is_the_median_of_each_rounds_paired_ratio():
         assert sum(row["plan_reasons"].values()) == sum(row["k_histogram"].values())  # every step says why
     assert set(summary["plain_spread"]) == {1, 4} and all(spread >= 0 for spread in summary["plain_spread"].values())
     assert summary["best"]["speedup"] == max(row["speedup"] for row in summary["rows"])
+    assert summary["fp32_kernel"] in ("avx512", "avx2", "eager") and summary["cpu_class"]
 
 
 

@@ -7,10 +7,11 @@ Per proposer and batch: tokens/s, speedup over plain decoding (the median over r
 over the round's plain rate, which is over the mean time of the two plain calls: a drift of the machine's
 speed between rounds, or steadily within one, cancels), acceptance length and per-position acceptance (vLLM's
 definitions), the share of wall time spent inside the proposer, the K the planner ran and why (its steps per
-reason, `REASONS`). The two plain calls of a round do the same work, so how far they differ (`plain_spread`,
-the median over rounds) is the noise a cell is read against. At temperature 1 the variants sample other
-responses from the same seed, whose lengths decide how a batch drains; `drafter_invariant` has every variant
-sample the same ones (`same_samples`), so a cell compares speed alone.
+reason, `REASONS`); and the kernels the models ran, with the CPU flags that chose them (`kernels_report`). The
+two plain calls of a round do the same work, so how far they differ (`plain_spread`, the median over rounds) is
+the noise a cell is read against. At temperature 1 the variants sample other responses from the same seed,
+whose lengths decide how a batch drains; `drafter_invariant` has every variant sample the same ones
+(`same_samples`), so a cell compares speed alone.
 
 Rows of a batch are prompts x n: rows of one prompt are a GRPO group, which the suffix
 and hybrid proposers draft from. A proposer whose checkpoint is missing is skipped and
@@ -29,6 +30,7 @@ from rich.table import Table
 from specrl.backends import BackendConfig, make_backend
 from specrl.bench import Bench
 from specrl.bench.rollout_bench import bench_inputs
+from specrl.models.llama import kernels_report
 from specrl.sampling import SamplingParams
 from specrl.speculation.proposer_registry import MODEL_DRAFTS, PROPOSER_NAMES, speculative_tokens
 from specrl.telemetry.spec_stats import SpecStats
@@ -163,7 +165,7 @@ def run_drafters_bench(config: DraftersBenchConfig, progress=None) -> dict:
         "model": config.model, "k": config.k, "adaptive": config.adaptive, "temperature": config.temperature,
         "verifications": list(config.verifications), "drafter_invariant": config.drafter_invariant,
         "max_tokens": config.max_tokens, "rounds": config.rounds, "rows": rows, "plain_spread": spread,
-        "skipped": skipped,
+        "skipped": skipped, **kernels_report(),
         "best": {"proposer": best["proposer"], "batch": best["batch"], "speedup": best["speedup"]} if best else None,
     }
     if config.plot and rows:
