@@ -201,7 +201,8 @@ def plot_speedups(rows: list[dict], path: Path, config: DraftersBenchConfig) -> 
 
 
 def report(summary: dict, config: DraftersBenchConfig, console) -> None:
-    """One row per proposer, verification rule and batch; the proposers skipped and why; the plot's path."""
+    """One row per proposer, verification rule and batch; the kernels; the proposers skipped and why; the plot's
+    path."""
     table = Table(title=f"drafters: {config.model}, T={config.temperature}, "
                         f"{'adaptive K' if config.adaptive else 'K'} <= {'per proposer' if config.k is None else config.k}")
     for column in ("proposer", "verify", "batch", "tokens/s", "speedup", "accept len", "accept per pos", "draft cost",
@@ -216,6 +217,8 @@ def report(summary: dict, config: DraftersBenchConfig, console) -> None:
     for batch, spread in summary["plain_spread"].items():
         console.print(f"batch {batch}: a round's two plain calls differ by {100 * spread:.1f}% (median): the "
                       "noise each speedup is read against")
+    console.print(f"kernels: fp32 {summary['fp32_kernel']}, int8 {summary['int8_kernel']} (CPU class "
+                  f"{summary['cpu_class']}; $SPECRL_FP32_KERNEL and $SPECRL_INT8_KERNEL pin them where set)")
     for name, reason in summary["skipped"].items():
         console.print(f"skipped {name}: {reason}")
     if summary.get("plot"):
