@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -80,8 +81,8 @@ class _Runs:
     spec: SpecStats = field(default_factory=SpecStats)
     seconds: float = 0.0
     draft_seconds: float = 0.0
-    k_histogram: dict[int, int] = field(default_factory=dict)
-    plan_reasons: dict[str, int] = field(default_factory=dict)  # steps per reason the planner gave (`REASONS`)
+    k_histogram: Counter = field(default_factory=Counter)  # steps per k
+    plan_reasons: Counter = field(default_factory=Counter)  # steps per reason the planner gave (`REASONS`)
     tokens: list[list[int]] = field(default_factory=list)  # every sampled response, in call order
 
     def add(self, result) -> None:
@@ -90,10 +91,8 @@ class _Runs:
         self.spec.merge(result.spec)
         self.seconds += result.seconds
         self.draft_seconds += result.draft_seconds
-        for k, count in result.k_histogram.items():
-            self.k_histogram[k] = self.k_histogram.get(k, 0) + count
-        for reason, count in result.plan_reasons.items():
-            self.plan_reasons[reason] = self.plan_reasons.get(reason, 0) + count
+        self.k_histogram.update(result.k_histogram)
+        self.plan_reasons.update(result.plan_reasons)
 
 
 def _backends(config: DraftersBenchConfig) -> tuple[dict, dict[str, str]]:
