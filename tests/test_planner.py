@@ -881,7 +881,7 @@ def test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding():
 
     def run_call(planner, kept):
         if planner.plain_call(16, 40):
-            planner.ran_plain_call(40, 40 * plain(16))
+            planner.ran_plain_call(16, 40, 40 * plain(16))
             return True
         planner.prefilled()
         for rows in [16] * 8 + [8] * 8 + [4] * 8 + [2] * 8 + [1] * 8:  # a drain
@@ -933,7 +933,7 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
         if planner.plain_call(4, max_tokens=8):
             for step in range(1, 8):  # its first step is not measured
                 planner.plain_call_step(4, plain(4))
-            planner.ran_plain_call(8, 8 * plain(4))
+            planner.ran_plain_call(4, 8, 8 * plain(4))
             calls.append("plain")
         else:
             calls.append(sum(k > 0 for k in normal_call(4)))
@@ -951,7 +951,9 @@ def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
 
     def run_call(planner, sizes):
         if planner.plain_call(16, 16):
-            planner.ran_plain_call(16, 16 * plain(16))
+            for rows in sizes[1:]:  # its first step is not measured
+                planner.plain_call_step(rows, plain(rows))
+            planner.ran_plain_call(16, len(sizes), sum(map(plain, sizes)))
             return True
         planner.prefilled()
         for rows in sizes:
@@ -986,6 +988,39 @@ def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
     assert not drain.plain_call(16, 16)
 
 
+def test_a_plain_calls_drain_through_batch_ranges_the_last_normal_call_never_reached_is_weighed():
+    """`bench rollout` of SmolLM2's int8 self-draft at 16 rows (1.03x, every call plain): its warm-up call of 32
+    tokens, the last normal one, ended with its rows still at 16, where no draft pays, so every later call ran
+    plain for `refresh_max` steps, though each drained to one row for ~90 of its 128 steps, where the draft
+    pays ~1.9x. A plain call's steps are counted per batch range too; where they stepped more than twice as
+    often in a range as the call the verdict rested on, the next call weighs them."""
+    def plain(b):
+        return 0.001 + 0.0005 * b  # compute-bound from a few rows: drafts pay only at one or two rows
+
+    def normal_call(planner, sizes):
+        planner.prefilled()
+        for rows in sizes:
+            k = planner.choose_step(rows).k
+            drafts = k * plain(rows) / 3  # a draft pass costs a third of a target pass; every draft is kept
+            planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows] * k, draft_seconds=drafts,
+                            kept_tokens=rows * (1 + k))
+        planner.ran_call(16, 0.001)
+
+    planner = Planner(max_k=3)
+    for _ in range(8):  # every option explored and fitted in each range the drain passes
+        normal_call(planner, [16] * 8 + [8] * 4 + [2] * 4 + [1] * 4)
+    normal_call(planner, [16] * 32)  # a short call whose rows all run to its end
+    assert planner._saving(1) > 0 and planner._saving(16) == 0.0
+    assert planner.plain_call(16, 128)
+    sizes = [16] * 30 + [8] * 4 + [1] * 94  # a plain call whose last row runs on alone
+    for rows in sizes[1:]:
+        planner.plain_call_step(rows, plain(rows))
+    planner.ran_plain_call(16, len(sizes), sum(map(plain, sizes)))
+    assert not planner.plain_call(16, 128)
+    normal_call(planner, sizes)
+    assert planner.plain_call(16, 128) is False  # the normal call's drain pays: calls stay normal
+
+
 def test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_decoding():
     """`tiny`'s int8 self-draft at 16 rows (0.92x of plain decoding): the draft paid only at a drain's last rows,
     for a step or two a call (saving ~0.25 ms), so every call ran normally and paid the planner at each step (~0.36
@@ -997,7 +1032,9 @@ def test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_deco
 
     def run_call(planner, drain, planner_seconds):
         if planner.plain_call(16, 16):
-            planner.ran_plain_call(16, 16 * plain(16))
+            for rows in drain[1:]:  # its first step is not measured
+                planner.plain_call_step(rows, plain(rows))
+            planner.ran_plain_call(16, len(drain), sum(map(plain, drain)))
             return True
         planner.prefilled()
         for rows in drain:

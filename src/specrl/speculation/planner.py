@@ -68,7 +68,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 13. Every step says why (`REASONS`). `test_every_choice_says_why_and_the_reasons_follow_the_rules`
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
     hidden states at its steps) where what pricing expects speculation to save at the batch ranges its drain
-    reaches, over as many steps as the last normal call of as many rows ran there (`ran_call`), is no more than
+    reaches, over as many steps as the last normal call of as many rows ran there (`ran_call`; or a plain call
+    since, where it stepped more than twice as often in some range: `ran_plain_call`), is no more than
     the planner's own time in such calls (before one ran: where pricing chooses plain at every range; on `tiny`
     a drain's last rows saved less than the choices cost), no option allowed and left to explore at its batch
     size could pay, and (where every range prices plain) no refresh could come due in those ranges before it
@@ -79,7 +80,8 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
     `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`,
-    `test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_decoding`
+    `test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_decoding`,
+    `test_a_plain_calls_drain_through_batch_ranges_the_last_normal_call_never_reached_is_weighed`
 """
 from __future__ import annotations
 
@@ -354,13 +356,13 @@ class Planner:
         """Whether a call of `rows` rows, each emitting at most `max_tokens`, runs as plain decoding from start to
         end (rule 14): what pricing expects speculation to save at `rows` and in each batch range the last normal
         call of as many rows stepped at (every power of two below `rows` before one ran: a drain's ranges), over as
-        many steps as that call ran there, is no more than the planner's own time in such calls (nothing before one
-        ran); no option allowed at `rows` and left to explore there could pay (the drain's smaller ranges explore
-        in the calls that run normally: a drain reaches them with little room); and, where every range priced plain,
-        no refresh could come due within the call in those ranges. False once such calls ran `refresh_max` steps
-        since the last observed step, or, where some range's speculation paid too little, `_plain_call_waits`
-        steps. Found again once a plain price it rested on moved by `plain_call_drift` (`plain_call_step` measures
-        them)."""
+        many steps as that call ran there (or a plain call since: `ran_plain_call`), is no more than the planner's
+        own time in such calls (nothing before one ran); no option allowed at `rows` and left to explore there
+        could pay (the drain's smaller ranges explore in the calls that run normally: a drain reaches them with
+        little room); and, where every range priced plain, no refresh could come due within the call in those
+        ranges. False once such calls ran `refresh_max` steps since the last observed step, or, where some range's
+        speculation paid too little, `_plain_call_waits` steps. Found again once a plain price it rested on moved
+        by `plain_call_drift` (`plain_call_step` measures them)."""
         if not (self.adaptive and self.max_k and self.plain_times.fitted):
             return False
         verdict = self._plain_calls.get(rows)
@@ -406,12 +408,21 @@ class Planner:
 
     def plain_call_step(self, batch: int, seconds: float) -> None:
         """A step of a call `plain_call` allowed, after its first (which runs on caches the prefill left cold): a
-        plain step measured, as observed ones are (rule 14)."""
+        plain step measured, as observed ones are, and counted in its batch range (rule 14)."""
         self._measured_plain(batch, seconds)
+        self._call_steps[batch.bit_length()] += 1.0
 
-    def ran_plain_call(self, steps: int, seconds: float) -> None:
-        """A call `plain_call` allowed ran `steps` plain steps in `seconds` (none observed): they count towards a
-        refresh, and pay off the probes' debt as observed plain steps do (rule 8)."""
+    def ran_plain_call(self, rows: int, steps: int, seconds: float) -> None:
+        """A call of `rows` rows that `plain_call` allowed ran `steps` plain steps in `seconds` (none observed):
+        they count towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). Where its
+        drain stepped more than twice as often in some batch range as the call its verdict rested on (a range
+        that call never reached, say), the next call of as many rows weighs this one's steps (rule 14)."""
+        self._call_steps[rows.bit_length()] += 1.0  # its first step
+        shape, self._call_steps = self._call_steps, Counter()
+        last, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
+        if any(count > 2 * last.get(here, 0.0) for here, count in shape.items()):
+            self._call_shapes[rows] = dict(shape), planner_seconds
+            self._plain_calls.pop(rows, None)
         self._plain_call_steps += steps
         self.off_streak += steps
         self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
