@@ -69,7 +69,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
 14. A call runs as plain decoding from start to end (`plain_call`: the engine starts no proposer and keeps no
     hidden states at its steps) where what pricing expects speculation to save at the batch ranges its drain
     reaches, over as many steps as the last normal call of as many rows ran there (`ran_call`; or a plain call
-    since, where it stepped more than twice as often in some range: `ran_plain_call`), is no more than
+    since, where it stepped in some range more than twice as often and by `refresh_every` steps), is no more than
     the planner's own time in such calls (before one ran: where pricing chooses plain at every range; on `tiny`
     a drain's last rows saved less than the choices cost), no option allowed and left to explore at its batch
     size could pay, and (where every range prices plain) no refresh could come due in those ranges before it
@@ -415,12 +415,13 @@ class Planner:
     def ran_plain_call(self, rows: int, steps: int, seconds: float) -> None:
         """A call of `rows` rows that `plain_call` allowed ran `steps` plain steps in `seconds` (none observed):
         they count towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). Where its
-        drain stepped more than twice as often in some batch range as the call its verdict rested on (a range
-        that call never reached, say), the next call of as many rows weighs this one's steps (rule 14)."""
+        drain stepped more than twice as often in some batch range as the call its verdict rested on, and by more
+        than `refresh_every` steps (a long tail that call never reached, say; a normal call, too, speculates again
+        after that many plain steps), the next call of as many rows weighs this one's steps (rule 14)."""
         self._call_steps[rows.bit_length()] += 1.0  # its first step
         shape, self._call_steps = self._call_steps, Counter()
         last, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
-        if any(count > 2 * last.get(here, 0.0) for here, count in shape.items()):
+        if any(count > 2 * last.get(here, 0.0) + self.refresh_every for here, count in shape.items()):
             self._call_shapes[rows] = dict(shape), planner_seconds
             self._plain_calls.pop(rows, None)
         self._plain_call_steps += steps
