@@ -10,8 +10,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_expected_tokens_matches_the_iid_closed_form`, `test_tokens_past_a_rows_stop_are_not_counted`
  2. Never lose: plain decoding unless the best rate beats plain's by `min_gain`.
     `test_a_predicted_gain_below_min_gain_keeps_speculation_off`
- 3. P per position given the positions before, per sampling setting and tree width, from the prior (for a
-    setting not seen before, the current setting's first-position estimate, where measured).
+ 3. P per position given the positions before, per sampling setting and tree width, from the prior.
     `test_acceptance_is_estimated_per_position_given_the_positions_before`, `..._kept_apart_per_sampling_setting`
  4. T from least-squares fits with forgetting (`step_time`); plain decoding, where plain steps ran at this B,
     at their mean there, each older one keeping `plain_decay` of its weight per step at this B (plain or not),
@@ -219,17 +218,10 @@ class Planner:
 
     def use_sampling(self, setting) -> None:
         """Estimate acceptance apart for this sampling setting (any hashable, e.g. (temperature, top_p,
-        top_k)) from here on. A setting not seen before starts from the current setting's first-position
-        acceptance, where some was measured, as its prior (else `prior_acceptance`): a prior below the draft's
-        acceptance can price a paying draft out where only plain steps run, which measure nothing (the int8
-        self-draft after a greedy call, at 0.96 against the prior 0.7), while one above it is corrected by the
-        speculative steps it chooses."""
+        top_k)) from here on; a setting not seen before starts at the prior."""
         if setting not in self.acceptance_by_sampling:
-            current = self.acceptance or {}
-            measured = {w: estimate.prefix[0] for w, estimate in current.items() if any(estimate.trials[:1])}
             self.acceptance_by_sampling[setting] = {
-                w: AcceptanceEstimate(self.max_k, measured.get(w, self.prior_acceptance), self.smoothing,
-                                      self.prior_rows)
+                w: AcceptanceEstimate(self.max_k, self.prior_acceptance, self.smoothing, self.prior_rows)
                 for w in range(1, self.widest + 1)}
         if self.acceptance is not self.acceptance_by_sampling[setting]:
             self._plain_holds.clear()  # chosen under the last setting's acceptance
