@@ -993,7 +993,8 @@ def test_a_plain_calls_drain_through_batch_ranges_the_last_normal_call_never_rea
     tokens, the last normal one, ended with its rows still at 16, where no draft pays, so every later call ran
     plain for `refresh_max` steps, though each drained to one row for ~90 of its 128 steps, where the draft
     pays ~1.9x. A plain call's steps are counted per batch range too; where they stepped more than twice as
-    often in a range as the call the verdict rested on, the next call weighs them."""
+    often in a range as the call the verdict rested on, and by more than `refresh_every` steps, the next call
+    weighs them; a drain that differs by a few steps (`tiny`'s vary by more than twice call to call) does not."""
     def plain(b):
         return 0.001 + 0.0005 * b  # compute-bound from a few rows: drafts pay only at one or two rows
 
@@ -1012,10 +1013,16 @@ def test_a_plain_calls_drain_through_batch_ranges_the_last_normal_call_never_rea
     normal_call(planner, [16] * 32)  # a short call whose rows all run to its end
     assert planner._saving(1) > 0 and planner._saving(16) == 0.0
     assert planner.plain_call(16, 128)
+
+    def run_plain_call(sizes):
+        for rows in sizes[1:]:  # its first step is not measured
+            planner.plain_call_step(rows, plain(rows))
+        planner.ran_plain_call(16, len(sizes), sum(map(plain, sizes)))
+
+    run_plain_call([16] * 32 + [8] * 3 + [1] * 6)  # a short tail: the verdict stands
+    assert 16 in planner._plain_calls and planner.plain_call(16, 128)
     sizes = [16] * 30 + [8] * 4 + [1] * 94  # a plain call whose last row runs on alone
-    for rows in sizes[1:]:
-        planner.plain_call_step(rows, plain(rows))
-    planner.ran_plain_call(16, len(sizes), sum(map(plain, sizes)))
+    run_plain_call(sizes)
     assert not planner.plain_call(16, 128)
     normal_call(planner, sizes)
     assert planner.plain_call(16, 128) is False  # the normal call's drain pays: calls stay normal
