@@ -940,6 +940,26 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
     assert calls[0] == "plain" and calls[-30:].count("plain") == 0 and min(calls[-30:]) >= 6
 
 
+def report_plain_call(planner, sizes, plain, rows=16):
+    """A call `plain_call` let run plain, reported as the engine reports one: each step after the first (which runs
+    on caches the prefill left cold) measured at its live rows, then the call's steps and seconds."""
+    for live in sizes[1:]:
+        planner.plain_call_step(live, plain(live))
+    planner.ran_plain_call(rows, len(sizes), sum(map(plain, sizes)))
+
+
+def normal_call_keeping_every_draft(planner, sizes, plain, planner_seconds, rows=16):
+    """A normal call through `sizes` live rows whose every draft is kept, a draft pass costing a third of a target
+    pass; `planner_seconds` is what the planner cost the call (`ran_call`)."""
+    planner.prefilled()
+    for live in sizes:
+        k = planner.choose_step(live).k
+        drafts = k * plain(live) / 3
+        planner.observe(live, k, plain(live * (1 + k)) + drafts, [live] * k, draft_seconds=drafts,
+                        kept_tokens=live * (1 + k))
+    planner.ran_call(rows, planner_seconds)
+
+
 def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
     """On `tiny` a refresh, and a tree, could pay only at one live row. Calls of 16 rows whose rows all end
     together never step there, so their normal calls never ran the refresh or explored the tree: both stayed
@@ -951,9 +971,7 @@ def test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at():
 
     def run_call(planner, sizes):
         if planner.plain_call(16, 16):
-            for rows in sizes[1:]:  # its first step is not measured
-                planner.plain_call_step(rows, plain(rows))
-            planner.ran_plain_call(16, len(sizes), sum(map(plain, sizes)))
+            report_plain_call(planner, sizes, plain)
             return True
         planner.prefilled()
         for rows in sizes:
@@ -998,33 +1016,19 @@ def test_a_plain_calls_drain_through_batch_ranges_the_last_normal_call_never_rea
     def plain(b):
         return 0.001 + 0.0005 * b  # compute-bound from a few rows: drafts pay only at one or two rows
 
-    def normal_call(planner, sizes):
-        planner.prefilled()
-        for rows in sizes:
-            k = planner.choose_step(rows).k
-            drafts = k * plain(rows) / 3  # a draft pass costs a third of a target pass; every draft is kept
-            planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows] * k, draft_seconds=drafts,
-                            kept_tokens=rows * (1 + k))
-        planner.ran_call(16, 0.001)
-
     planner = Planner(max_k=3)
     for _ in range(8):  # every option explored and fitted in each range the drain passes
-        normal_call(planner, [16] * 8 + [8] * 4 + [2] * 4 + [1] * 4)
-    normal_call(planner, [16] * 32)  # a short call whose rows all run to its end
+        normal_call_keeping_every_draft(planner, [16] * 8 + [8] * 4 + [2] * 4 + [1] * 4, plain, 0.001)
+    normal_call_keeping_every_draft(planner, [16] * 32, plain, 0.001)  # a short call: its rows all run to its end
     assert planner._saving(1) > 0 and planner._saving(16) == 0.0
     assert planner.plain_call(16, 128)
 
-    def run_plain_call(sizes):
-        for rows in sizes[1:]:  # its first step is not measured
-            planner.plain_call_step(rows, plain(rows))
-        planner.ran_plain_call(16, len(sizes), sum(map(plain, sizes)))
-
-    run_plain_call([16] * 32 + [8] * 3 + [1] * 6)  # a short tail: the verdict stands
+    report_plain_call(planner, [16] * 32 + [8] * 3 + [1] * 6, plain)  # a short tail: the verdict stands
     assert 16 in planner._plain_calls and planner.plain_call(16, 128)
     sizes = [16] * 30 + [8] * 4 + [1] * 94  # a plain call whose last row runs on alone
-    run_plain_call(sizes)
+    report_plain_call(planner, sizes, plain)
     assert not planner.plain_call(16, 128)
-    normal_call(planner, sizes)
+    normal_call_keeping_every_draft(planner, sizes, plain, 0.001)
     assert planner.plain_call(16, 128) is False  # the normal call's drain pays: calls stay normal
 
 
@@ -1039,17 +1043,9 @@ def test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_deco
 
     def run_call(planner, drain, planner_seconds):
         if planner.plain_call(16, 16):
-            for rows in drain[1:]:  # its first step is not measured
-                planner.plain_call_step(rows, plain(rows))
-            planner.ran_plain_call(16, len(drain), sum(map(plain, drain)))
+            report_plain_call(planner, drain, plain)
             return True
-        planner.prefilled()
-        for rows in drain:
-            k = planner.choose_step(rows).k
-            drafts = k * plain(rows) / 3  # a draft pass costs a third of a target pass; every draft is kept
-            planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows] * k, draft_seconds=drafts,
-                            kept_tokens=rows * (1 + k))
-        planner.ran_call(16, planner_seconds)
+        normal_call_keeping_every_draft(planner, drain, plain, planner_seconds)
         return False
 
     short_tail = [16] * 12 + [8] * 2 + [2] + [1]
