@@ -879,12 +879,14 @@ def test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding():
     def plain(b):
         return 0.001 + 0.00002 * b  # overhead-bound, like `tiny`
 
+    drain = [16] * 8 + [8] * 8 + [4] * 8 + [2] * 8 + [1] * 8
+
     def run_call(planner, kept):
         if planner.plain_call(16, 40):
-            planner.ran_plain_call(16, 40, 40 * plain(16))
+            report_plain_call(planner, drain, plain)
             return True
         planner.prefilled()
-        for rows in [16] * 8 + [8] * 8 + [4] * 8 + [2] * 8 + [1] * 8:  # a drain
+        for rows in drain:
             k = planner.choose_step(rows).k
             drafts = k * plain(rows) / 3  # a draft pass costs a third of a target pass: pays if drafts are kept
             planner.observe(rows, k, plain(rows * (1 + k)) + drafts, [rows * kept] * k, draft_seconds=drafts)
@@ -931,9 +933,7 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
     calls = []
     for _ in range(40):  # as the engine runs them
         if planner.plain_call(4, max_tokens=8):
-            for step in range(1, 8):  # its first step is not measured
-                planner.plain_call_step(4, plain(4))
-            planner.ran_plain_call(4, 8, 8 * plain(4))
+            planner.ran_plain_call(4, 8, 8 * plain(4), [(4, plain(4))] * 7)  # its first step is not measured
             calls.append("plain")
         else:
             calls.append(sum(k > 0 for k in normal_call(4)))
@@ -943,9 +943,7 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
 def report_plain_call(planner, sizes, plain, rows=16):
     """A call `plain_call` let run plain, reported as the engine reports one: each step after the first (which runs
     on caches the prefill left cold) measured at its live rows, then the call's steps and seconds."""
-    for live in sizes[1:]:
-        planner.plain_call_step(live, plain(live))
-    planner.ran_plain_call(rows, len(sizes), sum(map(plain, sizes)))
+    planner.ran_plain_call(rows, len(sizes), sum(map(plain, sizes)), [(live, plain(live)) for live in sizes[1:]])
 
 
 def normal_call_keeping_every_draft(planner, sizes, plain, planner_seconds, rows=16):
@@ -1087,8 +1085,9 @@ def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer
         assert [c.logprobs for c in ours.completions] == [c.logprobs for c in theirs.completions]
     assert ours.plan_reasons == {"plain-call": ours.steps}
     starts.clear(), observed.clear()
-    measured, step = [], engine.planner.plain_call_step
-    engine.planner.plain_call_step = lambda batch, seconds: measured.append(batch) or step(batch, seconds)
+    measured, ran = [], engine.planner.ran_plain_call
+    engine.planner.ran_plain_call = lambda rows, steps, seconds, plain_steps: \
+        measured.extend(size for size, _ in plain_steps) or ran(rows, steps, seconds, plain_steps)
     result = spec.generate(prompts, params)
     assert not starts and not observed
     assert result.plan_reasons == {"plain-call": result.steps}

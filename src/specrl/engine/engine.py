@@ -136,6 +136,8 @@ class CallState:
     plain: bool = False  # the planner runs this call as plain decoding (`Planner.plain_call`): its proposer is not
     # started and no hidden states are kept at its steps
     planner_seconds: float = 0.0  # in the planner's choices and `observe` (a normal call's)
+    plain_steps: list[tuple[int, float]] = field(default_factory=list)  # a plain call's steps after its first:
+    # (live rows, seconds), for the planner at the call's end (`Planner.ran_plain_call`)
     noise_key: int | None = None  # drafter-invariant sampling's key (`drafter_invariant.call_key`); None: the generator
 
 
@@ -214,7 +216,7 @@ class RolloutEngine:
         finally:
             self.generating = False
         if call.plain:
-            self.planner.ran_plain_call(len(call.outputs), call.steps, call.step_seconds)
+            self.planner.ran_plain_call(len(call.outputs), call.steps, call.step_seconds, call.plain_steps)
         elif self.proposer is not None:
             self.planner.ran_call(len(call.outputs), call.planner_seconds)
         return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,
@@ -369,7 +371,7 @@ class RolloutEngine:
                                  setup_seconds=setup, choice_seconds=chosen - step_start)
             call.planner_seconds += chosen - step_start + time.perf_counter() - observed
         elif call.plain and call.steps > 1:  # (a call's first step runs on caches its prefill left cold)
-            self.planner.plain_call_step(B, step_seconds)
+            call.plain_steps.append((B, step_seconds))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds
         self._price_as_plain(call, B, k, step_seconds, kept)
@@ -473,19 +475,22 @@ class RolloutEngine:
     def _retire(self, batch: LiveBatch, done: torch.Tensor, stopped: torch.Tensor, call: CallState) -> None:
         """Finished rows become Completions and leave the batch (and the proposer's state)."""
         n = call.params.n
+        lengths, ended = [], []
         for b in done.nonzero().flatten().tolist():
             slot = int(batch.slots[b])
             prompt = slice(0, int(batch.prompt_len[b]))
             span = slice(int(batch.prompt_len[b]), int(batch.num_tokens[b]))
             ids = batch.tokens[b, span].tolist()
+            lengths.append(len(ids))
+            ended.append(bool(stopped[b]))
             call.outputs[slot] = Completion(
                 prompt_index=slot // n, sample_index=slot % n, prompt_ids=batch.tokens[b, prompt].tolist(),
                 token_ids=ids, logprobs=batch.token_lp[b, span].tolist(),
                 versions=batch.token_version[b, span].tolist(),
-                finish_reason="stop" if stopped[b] else "length",
+                finish_reason="stop" if ended[-1] else "length",
                 text=response_text(self.tokenizer, ids, call.params.stop) if self.tokenizer is not None else None)
         if self.planner.max_k:
-            self.planner.retired((batch.num_tokens - batch.prompt_len)[done].tolist(), stopped[done].tolist())
+            self.planner.retired(lengths, ended)
         keep = retired_rows_order(done)  # the cache then copies only the rows that move
         batch.keep(keep)
         if self._drafting(call):

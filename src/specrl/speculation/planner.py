@@ -362,7 +362,7 @@ class Planner:
         little room); and, where every range priced plain, no refresh could come due within the call in those
         ranges. False once such calls ran `refresh_max` steps since the last observed step, or, where some range's
         speculation paid too little, `_plain_call_waits` steps. Found again once a plain price it rested on moved
-        by `plain_call_drift` (`plain_call_step` measures them)."""
+        by `plain_call_drift` (`ran_plain_call` measures them)."""
         if not (self.adaptive and self.max_k and self.plain_times.fitted):
             return False
         verdict = self._plain_calls.get(rows)
@@ -406,20 +406,19 @@ class Planner:
         k, width = allowed[best]
         return seconds[0] - seconds[best] / curves[width - 1][k]
 
-    def plain_call_step(self, batch: int, seconds: float) -> None:
-        """A step of a call `plain_call` allowed, after its first (which runs on caches the prefill left cold): a
-        plain step measured, as observed ones are, and counted in its batch range (rule 14)."""
-        self._measured_plain(batch, seconds)
-        self._call_steps[batch.bit_length()] += 1.0
-
-    def ran_plain_call(self, rows: int, steps: int, seconds: float) -> None:
+    def ran_plain_call(self, rows: int, steps: int, seconds: float, measured: list[tuple[int, float]]) -> None:
         """A call of `rows` rows that `plain_call` allowed ran `steps` plain steps in `seconds` (none observed):
-        they count towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). Where its
-        drain stepped more than twice as often in some batch range as the call its verdict rested on, and by more
-        than `refresh_every` steps (a long tail that call never reached, say; a normal call, too, speculates again
-        after that many plain steps), the next call of as many rows weighs this one's steps (rule 14)."""
-        self._call_steps[rows.bit_length()] += 1.0  # its first step
-        shape, self._call_steps = self._call_steps, Counter()
+        they count towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). `measured`:
+        (live rows, seconds) of each step after its first (which runs on caches the prefill left cold), plain steps
+        measured as observed ones are, here at the call's end (fed between its steps, on caches the model's pass had
+        just filled, they cost ~1% of a `tiny` step). Where its drain stepped more than twice as often in some batch
+        range as the call its verdict rested on, and by more than `refresh_every` steps (a long tail that call
+        never reached, say; a normal call, too, speculates again after that many plain steps), the next call of as
+        many rows weighs this one's steps (rule 14)."""
+        shape = Counter({rows.bit_length(): 1.0})  # its first step
+        for batch, step_seconds in measured:
+            self._measured_plain(batch, step_seconds)
+            shape[batch.bit_length()] += 1.0
         last, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
         if any(count > 2 * last.get(here, 0.0) + self.refresh_every for here, count in shape.items()):
             self._call_shapes[rows] = dict(shape), planner_seconds
