@@ -933,7 +933,7 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
     calls = []
     for _ in range(40):  # as the engine runs them
         if planner.plain_call(4, max_tokens=8):
-            planner.ran_plain_call(4, 8, 8 * plain(4), [(4, plain(4))] * 7)  # its first step is not measured
+            planner.ran_plain_call(4, 8 * plain(4), [(4, plain(4))] * 7)  # its first step is not measured
             calls.append("plain")
         else:
             calls.append(sum(k > 0 for k in normal_call(4)))
@@ -942,8 +942,8 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
 
 def report_plain_call(planner, sizes, plain, rows=16):
     """A call `plain_call` let run plain, reported as the engine reports one: each step after the first (which runs
-    on caches the prefill left cold) measured at its live rows, then the call's steps and seconds."""
-    planner.ran_plain_call(rows, len(sizes), sum(map(plain, sizes)), [(live, plain(live)) for live in sizes[1:]])
+    on caches the prefill left cold) measured at its live rows, and the call's seconds."""
+    planner.ran_plain_call(rows, sum(map(plain, sizes)), [(live, plain(live)) for live in sizes[1:]])
 
 
 def normal_call_keeping_every_draft(planner, sizes, plain, planner_seconds, rows=16):
@@ -1086,8 +1086,8 @@ def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer
     assert ours.plan_reasons == {"plain-call": ours.steps}
     starts.clear(), observed.clear()
     measured, ran = [], engine.planner.ran_plain_call
-    engine.planner.ran_plain_call = lambda rows, steps, seconds, plain_steps: \
-        measured.extend(size for size, _ in plain_steps) or ran(rows, steps, seconds, plain_steps)
+    engine.planner.ran_plain_call = lambda rows, seconds, plain_steps: \
+        measured.extend(size for size, _ in plain_steps) or ran(rows, seconds, plain_steps)
     result = spec.generate(prompts, params)
     assert not starts and not observed
     assert result.plan_reasons == {"plain-call": result.steps}

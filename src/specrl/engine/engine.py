@@ -216,7 +216,7 @@ class RolloutEngine:
         finally:
             self.generating = False
         if call.plain:
-            self.planner.ran_plain_call(len(call.outputs), call.steps, call.step_seconds, call.plain_steps)
+            self.planner.ran_plain_call(len(call.outputs), call.step_seconds, call.plain_steps)
         elif self.proposer is not None:
             self.planner.ran_call(len(call.outputs), call.planner_seconds)
         return GenerateResult(completions=call.outputs, spec=call.spec, seconds=time.perf_counter() - start,

@@ -406,10 +406,10 @@ class Planner:
         k, width = allowed[best]
         return seconds[0] - seconds[best] / curves[width - 1][k]
 
-    def ran_plain_call(self, rows: int, steps: int, seconds: float, measured: list[tuple[int, float]]) -> None:
-        """A call of `rows` rows that `plain_call` allowed ran `steps` plain steps in `seconds` (none observed):
-        they count towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). `measured`:
-        (live rows, seconds) of each step after its first (which runs on caches the prefill left cold), plain steps
+    def ran_plain_call(self, rows: int, seconds: float, measured: list[tuple[int, float]]) -> None:
+        """A call of `rows` rows that `plain_call` allowed ran plain steps for `seconds` (none observed): they count
+        towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). `measured`: (live
+        rows, seconds) of each step after its first (which runs on caches the prefill left cold), plain steps
         measured as observed ones are, here at the call's end (fed between its steps, on caches the model's pass had
         just filled, they cost ~1% of a `tiny` step). Where its drain stepped more than twice as often in some batch
         range as the call its verdict rested on, and by more than `refresh_every` steps (a long tail that call
@@ -423,6 +423,7 @@ class Planner:
         if any(count > 2 * last.get(here, 0.0) + self.refresh_every for here, count in shape.items()):
             self._call_shapes[rows] = dict(shape), planner_seconds
             self._plain_calls.pop(rows, None)
+        steps = len(measured) + 1  # and its first
         self._plain_call_steps += steps
         self.off_streak += steps
         self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
