@@ -10,12 +10,12 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_expected_tokens_matches_the_iid_closed_form`, `test_tokens_past_a_rows_stop_are_not_counted`
 1a. Where the rows' positions are known (the engine's steps, a call's start in `plain_call`), tau counts in plain
     steps' worth what the step saves of the plain drain to come: plain step j of the drain costs a + c b(j) (the
-    line through the plain prices at one row and at B) where some row goes on to it, b(j) the rows expected
-    there (each row's own chance to go on, capped by the one stop rate's), and a step of k drafts saves P(its
-    first j drafts accepted) of each of them (`_drain_curves`). Of the options whose rate beats plain's by
-    `min_gain`, the one saving the most seconds is taken: a step that ends its rows saves the drain's later
-    steps, which the best rate would leave to a plain step of their own. At one row, or where a step's cost is
-    in proportion to its rows, tau is the rows' tokens kept.
+    line through the plain prices at one row and at B), and a step of k drafts saves its c part for each row
+    that keeps draft j and its a part only where every row still going on at j keeps it (rows independent; each
+    row's chance to go on its own, capped by the one stop rate's: `_drain_curves`). Of the options whose rate
+    beats plain's by `min_gain`, the one saving the most seconds is taken: a step that ends its rows saves the
+    drain's later steps, which the best rate would leave to a plain step of their own. At one row, or where a
+    step's cost is in proportion to its rows, tau is the rows' tokens kept.
     `test_a_step_that_ends_its_rows_saves_the_drains_steps_where_a_plain_step_costs_the_same_at_any_rows`
  2. Never lose: plain decoding unless the best rate beats plain's by `min_gain`.
     `test_a_predicted_gain_below_min_gain_keeps_speculation_off`
@@ -623,12 +623,12 @@ class Planner:
     def _drain_curves(self, batch: int, generated) -> list[list[float]]:
         """tau(0), ..., tau(max_k) per width for the live rows where they are (`generated`: the tokens each has),
         in plain steps' worth: what plain decoding of the drain's next steps would cost that a step of k drafts
-        saves, over a plain step's price now (module docstring, rule 1a). Row i goes on to draft j with chance
-        S_i(j), its own chance not to stop first (`ResponseLengths`), capped by the one stop rate's (1 - rate)^j
-        (uncapped, rows early in their answers made deep drafts look cheap), and keeps it with the chance p_j
-        that its first j drafts are accepted. A plain step over b rows costs a + c b, the line through the prices
-        at one row and at `batch`, so the drain's plain step j costs a P(some row goes on to j) + c sum_i S_i(j),
-        and a step of k drafts saves p_j of it for each j <= k."""
+        saves, over a plain step's price now (module docstring, rule 1a). A row keeps draft j with chance
+        p_j S_i(j): p_j the chance its first j drafts are accepted, S_i(j) its own chance not to stop first
+        (`ResponseLengths`), capped by the one stop rate's (1 - rate)^j (uncapped, rows early in their answers
+        made deep drafts look cheap). A plain step over b rows costs a + c b, the line through the prices at
+        one row and at `batch`: the drain's plain step j is saved its c b part row by row, and its a part only
+        where every row still going on there kept draft j (rows independent)."""
         rows = generated.tolist() if hasattr(generated, "tolist") else list(generated)
         one_rate = 1.0 - self.stop_rate
         groups = [(count, [min(own, one_rate ** (j + 1)) for j, own in enumerate(curve)])
@@ -636,18 +636,18 @@ class Planner:
         plain = max(self.plain_seconds(batch), 1e-12)
         per_row = min(max((plain - self.plain_seconds(1)) / (batch - 1), 0.0), plain / batch) if batch > 1 else 0.0
         fixed = plain - per_row * batch
-        step_share = []  # the drain's plain step j + 1 over a plain step now
-        for j in range(self.max_k):
-            none_on, rows_on = 1.0, 0.0  # the chance no row goes on to draft j + 1; the rows expected to
-            for count, going in groups:
-                none_on *= (1.0 - going[j]) ** count
-                rows_on += count * going[j]
-            step_share.append((fixed * (1.0 - none_on) + per_row * rows_on) / plain)
         curves = []
         for width in range(1, self.widest + 1):
             curve = [1.0]
-            for accepted, share in zip(self.acceptance[width].prefix, step_share):
-                curve.append(curve[-1] + accepted * share)
+            for j, accepted in enumerate(self.acceptance[width].prefix):
+                none_on = none_short = 1.0  # no row goes on to draft j; none goes on to it with it rejected
+                rows_kept = 0.0
+                for count, going in groups:
+                    on = going[j]
+                    none_on *= (1.0 - on) ** count
+                    none_short *= (1.0 - on * (1.0 - accepted)) ** count
+                    rows_kept += count * on
+                curve.append(curve[-1] + (fixed * (none_short - none_on) + per_row * accepted * rows_kept) / plain)
             curves.append(curve)
         return curves
 
