@@ -1,6 +1,5 @@
 """The planner on synthetic step times."""
 import numpy as np
-import pytest
 
 from specrl.speculation.planner import Planner, StepPlan
 from specrl.speculation.step_time import StepTimeModel
@@ -666,39 +665,6 @@ def test_a_row_at_its_answers_end_decodes_plainly_and_holds_nothing():
     assert planner.choose_step(1, generated=[3])[0] == 4
 
 
-def _planner_of_answers_5_to_9_tokens(plain_seconds, max_k: int = 8) -> Planner:
-    """A planner that has seen plain steps at 1 and 8 rows cost `plain_seconds(b)`, every draft accepted, answers
-    of 5-9 tokens (one stop in 7 kept tokens) and drafts costing 0.006 s each (verify and draft together)."""
-    planner = Planner(max_k=max_k, prior_acceptance=0.99)
-    for _ in range(60):
-        for batch in (1, 8):
-            k = planner.choose(batch)
-            planner.observe(batch, k, plain_seconds(batch) + 0.006 * k, [batch] * k, kept_tokens=7 * batch,
-                            stopped_rows=batch)
-    planner.retired([5, 6, 7, 8, 9] * 20, [True] * 100)
-    return planner
-
-
-def test_a_step_that_ends_its_rows_saves_the_drains_steps_where_a_plain_step_costs_the_same_at_any_rows():
-    """`tiny` (a plain step costs about the same at 1 and 8 rows) with answers of 5-9 tokens: at a call's start
-    8 drafts end every row in one step, where plain decoding runs ~9 steps; by tokens kept a row (~5 of 9 by the
-    one stop rate) a step of 8 drafts looked dear and 2 drafts were taken, whose rows each had steps left to run,
-    and by tokens per second over the drain 7, whose 9-token rows each had one plain step left. At one row the
-    tokens it keeps are all a step saves; where plain steps cost in proportion to the rows, the drain's later
-    steps cost as little as their rows, and again a step saves the rows' tokens kept (rule 1a)."""
-    def closed_form(planner, batch):  # 1 + sum_j p_j * mean over rows of min(G_j, one rate's), every row at 0
-        one_rate = 1 - planner.stop_rate
-        going = [min(g, one_rate ** (j + 1)) for j, g in enumerate(planner.lengths.go_on([0] * batch, 8))]
-        return np.cumsum([1.0] + [p * g for p, g in zip(planner.acceptance[1].prefix, going)])
-
-    flat = _planner_of_answers_5_to_9_tokens(lambda b: 0.01)
-    assert flat._drain_curves(1, [0])[0] == pytest.approx(closed_form(flat, 1))
-    assert flat.choose_step(8)[0] == 2  # the one stop rate's tokens kept a row
-    assert flat.choose_step(8, generated=[0] * 8)[0] == 8
-    rows = _planner_of_answers_5_to_9_tokens(lambda b: 0.01 * b / 8)  # a step's cost in proportion to its rows
-    assert rows._drain_curves(8, [0] * 8)[0] == pytest.approx(closed_form(rows, 8))
-
-
 def test_no_step_drafts_past_the_room_rows_have_left():
     cost = lambda b, k: 0.05 + 0.002 * k  # noqa: E731  (memory-bound: long chains pay)
     planner = Planner(max_k=4)
@@ -864,36 +830,6 @@ def test_the_first_step_after_a_prefill_is_not_fitted():
     assert chosen[-200:].count(0) >= 197  # plain, but for the refreshes
 
 
-def test_a_calls_first_step_is_priced_from_calls_first_steps():
-    """`tiny`'s int8 self-draft at 16 rows: 8 drafts end every row in one step, so every such call was that one
-    step, right after the prefill, and never fitted; its price (a plain step's line through 1-16 rows carried to
-    144) stood at 3.9 ms where each ran 5.6-6.0 ms, and it lost 7-19% in every call. A call's first step is priced
-    from such steps at its size, plain decoding's too (caches its prefill left cold), an option not run there
-    lately at its price times plain decoding's cold share (rule 5a)."""
-    planner = _planner_of_answers_5_to_9_tokens(lambda b: 0.01)
-
-    def call(seconds=None):  # one step: every row ends in it or by the next call
-        planner.prefilled()
-        k = planner.choose_step(8, generated=[0] * 8).k
-        planner.observe(8, k, seconds or (0.2 if k else 0.015), [8] * k, kept_tokens=7 * 8, stopped_rows=8)
-        return k
-
-    assert call() == 8  # priced as the steps past a prefill ran
-    assert planner._first_step_mean(8, (8, 1)) is None  # the first at a size pays one-time costs: left out
-    assert call() == 8 and planner._first_step_mean(8, (8, 1)) == 0.2
-    assert planner._first_step_mean(8, (-1, 1)) > 3  # 0.2 s over its price, 0.058: other options' share
-    assert [call() for _ in range(20)] == [0] * 20  # priced at what the first one cost: plain
-    assert planner._first_step_mean(8, (0, 1)) == pytest.approx(0.015)  # plain's cold first steps
-    for _ in range(planner.refresh_every):  # no speculative first step in `refresh_every`: priced again
-        planner.prefilled()
-        planner.choose_step(8, generated=[0] * 8)
-        planner.observe(8, 0, 0.015, [])
-    planner._plain_holds.clear()
-    assert planner._first_step_mean(8, (-1, 1)) is None and planner._first_step_mean(8, (8, 1)) is None
-    assert call(seconds=0.004)  # a refresh, or drafts priced at plain decoding's cold share: cheap this time
-    assert call() > 0
-
-
 def test_every_choice_says_why_and_the_reasons_follow_the_rules():
     """`choose_step` returns (k, width, reason); over a compute-bound drain the reasons run: explore (each
     option once), priced-plain, then held for reprice_every - 1 steps, priced-plain again, and a refresh at the
@@ -997,7 +933,7 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
     calls = []
     for _ in range(40):  # as the engine runs them
         if planner.plain_call(4, max_tokens=8):
-            planner.ran_plain_call(4, 8 * plain(4), [(4, plain(4))] * 8)
+            planner.ran_plain_call(4, 8 * plain(4), [(4, plain(4))] * 7)  # its first step is not measured
             calls.append("plain")
         else:
             calls.append(sum(k > 0 for k in normal_call(4)))
@@ -1005,9 +941,9 @@ def test_a_plain_call_verdict_found_on_cold_plain_prices_is_found_again():
 
 
 def report_plain_call(planner, sizes, plain, rows=16):
-    """A call `plain_call` let run plain, reported as the engine reports one: each step measured at its live rows,
-    and the call's seconds."""
-    planner.ran_plain_call(rows, sum(map(plain, sizes)), [(live, plain(live)) for live in sizes])
+    """A call `plain_call` let run plain, reported as the engine reports one: each step after the first (which runs
+    on caches the prefill left cold) measured at its live rows, and the call's seconds."""
+    planner.ran_plain_call(rows, sum(map(plain, sizes)), [(live, plain(live)) for live in sizes[1:]])
 
 
 def normal_call_keeping_every_draft(planner, sizes, plain, planner_seconds, rows=16):
@@ -1155,7 +1091,7 @@ def test_a_plain_call_samples_what_plain_decoding_samples_and_starts_no_proposer
     result = spec.generate(prompts, params)
     assert not starts and not observed
     assert result.plan_reasons == {"plain-call": result.steps}
-    assert measured == [size for _, size, _, _ in result.trace]
+    assert measured == [size for _, size, _, _ in result.trace[1:]]
 
 
 def test_the_engine_counts_its_steps_by_the_planners_reason():

@@ -136,8 +136,8 @@ class CallState:
     plain: bool = False  # the planner runs this call as plain decoding (`Planner.plain_call`): its proposer is not
     # started and no hidden states are kept at its steps
     planner_seconds: float = 0.0  # in the planner's choices and `observe` (a normal call's)
-    plain_steps: list[tuple[int, float]] = field(default_factory=list)  # a plain call's steps: (live rows,
-    # seconds), for the planner at the call's end (`Planner.ran_plain_call`)
+    plain_steps: list[tuple[int, float]] = field(default_factory=list)  # a plain call's steps after its first:
+    # (live rows, seconds), for the planner at the call's end (`Planner.ran_plain_call`)
     noise_key: int | None = None  # drafter-invariant sampling's key (`drafter_invariant.call_key`); None: the generator
 
 
@@ -370,7 +370,7 @@ class RolloutEngine:
                                  width=width, kept_tokens=kept, stopped_rows=int(stopped.sum()) if any_done else 0,
                                  setup_seconds=setup, choice_seconds=chosen - step_start)
             call.planner_seconds += chosen - step_start + time.perf_counter() - observed
-        elif call.plain:
+        elif call.plain and call.steps > 1:  # (a call's first step runs on caches its prefill left cold)
             call.plain_steps.append((B, step_seconds))
         call.draft_seconds += draft_seconds
         call.verify_seconds = step_seconds - draft_seconds

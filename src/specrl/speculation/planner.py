@@ -8,15 +8,6 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
  1. Rate of an option: tau(k, w) / T(B, k, w), tau(k) = 1 + sum_{i<k} P(the first i+1 drafts kept) g^(i+1),
     g the chance a kept token is not its row's last (`ResponseLengths`).
     `test_expected_tokens_matches_the_iid_closed_form`, `test_tokens_past_a_rows_stop_are_not_counted`
-1a. Where the rows' positions are known (the engine's steps, a call's start in `plain_call`), tau counts in plain
-    steps' worth what the step saves of the plain drain to come: plain step j of the drain costs a + c b(j) (the
-    line through the plain prices at one row and at B), and a step of k drafts saves its c part for each row
-    that keeps draft j and its a part only where every row still going on at j keeps it (rows independent; each
-    row's chance to go on its own, capped by the one stop rate's: `_drain_curves`). Of the options whose rate
-    beats plain's by `min_gain`, the one saving the most seconds is taken: a step that ends its rows saves the
-    drain's later steps, which the best rate would leave to a plain step of their own. At one row, or where a
-    step's cost is in proportion to its rows, tau is the rows' tokens kept.
-    `test_a_step_that_ends_its_rows_saves_the_drains_steps_where_a_plain_step_costs_the_same_at_any_rows`
  2. Never lose: plain decoding unless the best rate beats plain's by `min_gain`.
     `test_a_predicted_gain_below_min_gain_keeps_speculation_off`
  3. P per position given the positions before, per sampling setting and tree width, from the prior.
@@ -38,15 +29,6 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     step after a speculative one. `test_the_first_speculative_step_is_not_fitted`,
     `test_the_first_speculative_step_in_each_batch_range_is_not_fitted`,
     `test_the_first_step_after_a_prefill_is_not_fitted`
-5a. A call's first step (right after its prefill, on caches it left cold) is priced from such steps at its B:
-    each option at its mean there, its first there left out (one-time costs: rule 5; plain decoding no less
-    than its price), an option not run there at its price times the speculative ones' mean share of their price
-    at the time, each mean the older steps keeping `plain_decay` of their weight; a mean with no step in the last
-    `refresh_every` first steps at this B is not used: plain decoding's share over its price stands in for the
-    speculative one, and for its own, 1. The drain's later steps keep their price (rule 1a: a plain step's worth
-    is the first's over plain decoding's share). Where calls end in their first step (`tiny`'s 8 drafts at 8-16
-    rows) nothing else measures them.
-    `test_a_calls_first_step_is_priced_from_calls_first_steps`
  6. An option not yet run in a power-of-two range of B: its verify priced as a plain step over as many tokens;
     where no draft ran in the range, its drafts at the nearest size's cost, in proportion to the rows below it.
     `test_a_batch_range_measured_only_plainly_is_priced_by_physics_not_extrapolation`,
@@ -71,9 +53,7 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     may still emit: tau(k) / room of it. `test_a_call_too_short_to_repay_the_proposers_setup_decodes_plainly`,
     `test_setup_after_a_weight_load_is_priced_apart_from_a_calls_own`
  9. While speculating at a batch size, two plain steps per `refresh_every` speculative steps there keep its plain
-    price current, none the first step after a prefill (it would not be measured: rule 5; where calls end in one
-    speculative step, it made every call's drain plain until one was).
-    `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`,
+    price current. `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`,
     `test_plain_decoding_is_kept_current_at_each_batch_size_apart`
 10. Where pricing chose plain, it stands `reprice_every` steps there unpriced; each further pricing there that
     chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation there; a speculative
@@ -95,10 +75,9 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     size could pay, and (where every range prices plain) no refresh could come due in those ranges before it
     ends. Its steps count towards the refresh wait, and a normal call runs after `refresh_max` such steps in a
     row (where some range's speculation saved too little: after `refresh_every`, twice as many each time it is
-    found so again). Its first step is a call's first plain step measured (rule 5a), the others plain steps
-    measured (rule 4), and the verdict is found again once a plain price it rested on, or a first steps' price,
-    moved by `plain_call_drift` or came into use or out of it (a size's first calls run cold: a verdict found on
-    their prices stood for good).
+    found so again). Its steps after the first are plain steps measured (rule 4), and the verdict is found again
+    once a plain price it rested on moved by `plain_call_drift` (a size's first calls run cold: a verdict found
+    on their prices stood for good).
     `test_a_call_whose_every_batch_range_prices_plain_runs_as_plain_decoding`,
     `test_plain_calls_weigh_the_batch_ranges_calls_of_their_size_stepped_at`,
     `test_a_call_whose_drain_saves_less_than_the_planner_costs_runs_as_plain_decoding`,
@@ -117,29 +96,15 @@ from specrl.speculation.response_lengths import ResponseLengths
 from specrl.speculation.step_time import StepTimeModel, draft_features, plain_features, step_features, verify_features
 
 
-def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None, saving: bool = False) -> int:
+def best_option(tokens, seconds, min_gain: float = 1.0, plain: int | None = None) -> int:
     """The index of the option with the most expected tokens per second (`tokens[i] / seconds[i]`; the first on a
     tie). With `plain` (the index of plain decoding): that option unless the best rate beats its rate by
-    `min_gain`, so a speculative option is taken only where it is predicted to pay; with `saving` too, of the
-    options that beat it so, the one that saves the most seconds over plain decoding of its tokens."""
+    `min_gain`, so a speculative option is taken only where it is predicted to pay."""
     rate = [t / max(float(s), 1e-9) for t, s in zip(tokens, seconds)]  # a few options: plain Python is cheaper
     best = rate.index(max(rate))
     if plain is not None and rate[best] < min_gain * rate[plain]:
         return plain
-    if saving:
-        per_token = seconds[plain] / tokens[plain]
-        paying = [i for i, r in enumerate(rate) if r >= min_gain * rate[plain]]
-        best = max(paying, key=lambda i: tokens[i] * per_token - seconds[i])
     return best
-
-
-def _add_to_mean(seen: list[float], seconds: float, keep: float) -> None:
-    """Into a decayed mean `seen` ([mean, weight, ...]), the older steps keeping `keep` of their weight, or 0.01% of
-    it where this one is under a quarter of their mean: they stalled (`StepTimeModel.STALL_RATIO`)."""
-    if seconds * StepTimeModel.STALL_RATIO < seen[0]:
-        keep *= StepTimeModel.STALL_KEEP
-    seen[1] = keep * seen[1] + 1.0
-    seen[0] += (seconds - seen[0]) / seen[1]
 
 
 class StepPlan(NamedTuple):
@@ -194,8 +159,8 @@ class Planner:
     reprice_every: int = 8  # with plain decoding chosen at a batch size, it stands there this many steps unpriced
     reprice_max: int = 64  # ... doubling with each further pricing there that chooses plain, up to this many
     min_gain: float = 1.05  # speculate only where the predicted rate beats plain decoding's by this factor
-    plain_call_drift: float = 0.1  # `plain_call`'s verdict is found again once a price it rested on moved by this
-    # share
+    plain_call_drift: float = 0.1  # `plain_call`'s verdict is found again once a plain price it rested on moved
+    # by this share
     offset_prior: float = 0.25  # steps' weight holding each k's verify offset at 0: a k run once is priced 80% at its
     # step and, as that step is forgotten, at the line the recent steps draw (one noisy step's price would stand)
 
@@ -212,10 +177,9 @@ class Planner:
         self.draft_times = StepTimeModel(features=draft_features)
         self.samples = defaultdict(Counter)  # per (k, w): steps per batch range
         self._plain_holds: dict[int, int] = {}  # batch range -> steps there that plain decoding stands unpriced
-        # rows -> (the call runs plain, a refresh could pay in some range, the batch sizes whose plain prices it
-        # rested on, those prices and the call's first step's (`_verdict_prices`), the plain calls' steps before a
-        # normal one), until the next observed step or sampling setting (`plain_call`)
-        self._plain_calls: dict[int, tuple[bool, bool, list[int], list[float], int]] = {}
+        # rows -> (the call runs plain, a refresh could pay in some range, the plain prices it rested on, the plain
+        # calls' steps before a normal one), until the next observed step or sampling setting (`plain_call`)
+        self._plain_calls: dict[int, tuple[bool, bool, list[tuple[int, float]], int]] = {}
         self._plain_call_waits: dict[int, int] = {}  # rows -> the plain calls' steps before a normal one, the next
         # time a drain's speculation is found to save less than the planner costs
         self._plain_call_steps = 0  # steps run in plain calls since the last observed step
@@ -231,12 +195,6 @@ class Planner:
         self.off_streak = 0  # consecutive steps run with k = 0
         self._last_k = 0  # the last step's k
         self._after_prefill = False  # the next step is the first after a prefill (`prefilled`)
-        # (k, width, batch) -> [decayed mean, weight, the count below when last measured] of the seconds of the
-        # steps right after a prefill at `batch` rows ((-1, 1, batch): the speculative ones' share of their price):
-        # rule 5a; batch -> how many such steps ran there
-        self._first_steps: dict[tuple[int, int, int], list[float]] = {}
-        self._first_ran: set[tuple[int, int, int]] = set()  # the (k, width, batch) a call's first step ran at
-        self._firsts_at: Counter = Counter()
         self._speculated_in: set[int] = set()  # batch ranges a speculative step ran in (the first there is not
         # fitted: `observe`)
         self._drafted_at: set[int] = set()  # batch sizes of the speculative steps fitted
@@ -376,33 +334,10 @@ class Planner:
             seen = self._plain_at[batch] = [seconds, 0.0]
             bisect.insort(self._plain_sizes, batch)
         keep = self.plain_decay ** (1 + self._speculated_at.pop(batch, 0))
-        _add_to_mean(seen, seconds, keep)
-
-    def _first_step(self, batch: int, k: int, width: int, seconds: float) -> None:
-        """A step right after a prefill at `batch` rows (a call's first, on caches its prefill left cold) ran
-        `seconds`: into its option's mean of such steps there and, for a speculative one, its seconds over its
-        price into their mean share of their price there; the older ones keep `plain_decay` of their weight
-        (rule 5a)."""
-        self._firsts_at[batch] += 1
-        if (k, width, batch) not in self._first_ran:  # its first here pays one-time costs (rule 5)
-            self._first_ran.add((k, width, batch))
-            return
-        means = [((k, width, batch), seconds)]
-        if k:
-            means.append(((-1, 1, batch), seconds / max(self._step_price(batch, k, width), 1e-12)))
-        for key, value in means:
-            seen = self._first_steps.setdefault(key, [value, 0.0, 0])
-            _add_to_mean(seen, value, self.plain_decay)
-            seen[2] = self._firsts_at[batch]
-
-    def _first_step_mean(self, batch: int, option: tuple[int, int]) -> float | None:
-        """The mean over a call's first steps at `batch` rows of this option's seconds ((-1, 1): the speculative
-        ones' share of their price), where one ran in the last `refresh_every` such steps there; else None
-        (rule 5a)."""
-        seen = self._first_steps.get((*option, batch))
-        if seen is None or self._firsts_at[batch] - seen[2] >= self.refresh_every:
-            return None
-        return seen[0]
+        if seconds * StepTimeModel.STALL_RATIO < seen[0]:  # the steps behind the mean stalled (`StepTimeModel`)
+            keep *= StepTimeModel.STALL_KEEP
+        seen[1] = keep * seen[1] + 1.0
+        seen[0] += (seconds - seen[0]) / seen[1]
 
     def _allowed(self, option: tuple[int, int], batch: int) -> bool:
         k, w = option
@@ -426,22 +361,19 @@ class Planner:
         could pay (the drain's smaller ranges explore in the calls that run normally: a drain reaches them with
         little room); and, where every range priced plain, no refresh could come due within the call in those
         ranges. False once such calls ran `refresh_max` steps since the last observed step, or, where some range's
-        speculation paid too little, `_plain_call_waits` steps. Found again once a price it rested on moved by
-        `plain_call_drift`, or a first steps' price came into use or out of it (`_verdict_prices`; `ran_plain_call`
-        measures them)."""
+        speculation paid too little, `_plain_call_waits` steps. Found again once a plain price it rested on moved
+        by `plain_call_drift` (`ran_plain_call` measures them)."""
         if not (self.adaptive and self.max_k and self.plain_times.fitted):
             return False
         verdict = self._plain_calls.get(rows)
-        if verdict is None or any(abs(now - then) > self.plain_call_drift * then or (now == 0.0) != (then == 0.0)
-                                  for now, then in zip(self._verdict_prices(rows, verdict[2]), verdict[3])):
+        if verdict is None or any(abs(self.plain_seconds(size) - seconds) > self.plain_call_drift * seconds
+                                  for size, seconds in verdict[2]):
             steps, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
             ranges = steps or range(1, rows.bit_length() + 1)
             sizes = sorted({rows} | {1 << (here - 1) for here in ranges if here < rows.bit_length()})
             explore = any(self._unexplored(option, rows) and self._could_pay(option, rows)
                           for option in self._allowed_options(rows, None)[1:])
-            saving = 0.0 if explore else sum(steps.get(size.bit_length(), 1.0)
-                                             * self._saving(size, [0] * rows if size == rows else None)
-                                             for size in sizes)
+            saving = 0.0 if explore else sum(steps.get(size.bit_length(), 1.0) * self._saving(size) for size in sizes)
             plain = not explore and saving <= planner_seconds
             refresh = plain and not saving and any(self._could_pay(self._refresh_option(), size)
                                                    for size in sizes)
@@ -451,17 +383,11 @@ class Planner:
                 self._plain_call_waits[rows] = min(2 * limit, self.refresh_max)
             elif not plain:
                 self._plain_call_waits.pop(rows, None)
-            self._plain_calls[rows] = plain, refresh, sizes, self._verdict_prices(rows, sizes), limit
-        plain, refresh, _, _, limit = self._plain_calls[rows]
+            self._plain_calls[rows] = plain, refresh, [(size, self.plain_seconds(size)) for size in sizes], limit
+        plain, refresh, _, limit = self._plain_calls[rows]
         paid_off = self.probe_debt <= self.probe_share * max_tokens * self.plain_seconds(rows)  # within the call
         return plain and self._plain_call_steps < limit and \
             not (refresh and paid_off and self.off_streak + max_tokens >= self.refresh_wait)
-
-    def _verdict_prices(self, rows: int, sizes: list[int]) -> list[float]:
-        """The prices a `plain_call` verdict for calls of `rows` rows rests on: plain decoding's at `sizes`, and
-        plain and speculative first steps' at `rows` (rule 5a; 0 where none is used)."""
-        return [self.plain_seconds(size) for size in sizes] + \
-            [self._first_step_mean(rows, option) or 0.0 for option in ((0, 1), (-1, 1))]
 
     def ran_call(self, rows: int, planner_seconds: float) -> None:
         """A call of `rows` rows ran normally, `planner_seconds` of it in this planner (its choices and `observe`):
@@ -472,39 +398,34 @@ class Planner:
         self._call_shapes[rows] = dict(self._call_steps), (last + planner_seconds) / 2
         self._call_steps.clear()
 
-    def _saving(self, batch: int, generated: list[int] | None = None) -> float:
+    def _saving(self, batch: int) -> float:
         """What pricing at `batch` rows, with no call setup to pay, expects its choice to save per step of plain
-        decoding there (with `generated`, for rows where they are: `_drain_curves`): 0 where it chooses plain
-        decoding."""
-        allowed, seconds, curves, drain = self._priced(batch, None, generated, first=generated is not None)
-        if drain is not None:
-            curves = drain
-        best = self._best(allowed, seconds, curves, saving=drain is not None)
+        decoding there: 0 where it chooses plain decoding."""
+        allowed, seconds, curves = self._priced(batch, None)
+        best = self._best(allowed, seconds, curves)
         k, width = allowed[best]
         return seconds[0] - seconds[best] / curves[width - 1][k]
 
     def ran_plain_call(self, rows: int, seconds: float, measured: list[tuple[int, float]]) -> None:
         """A call of `rows` rows that `plain_call` allowed ran plain steps for `seconds` (none observed): they count
         towards a refresh, and pay off the probes' debt as observed plain steps do (rule 8). `measured`: (live
-        rows, seconds) of each of its steps: the first, on caches the prefill left cold, a call's first plain step
-        (rule 5a), the others plain steps measured as observed ones are, here at the call's end (fed between its
-        steps, on caches the model's pass had just filled, they cost ~1% of a `tiny` step). Where its drain stepped
-        more than twice as often in some batch range as the call its verdict rested on, and by more than
-        `refresh_every` steps (a long tail that call never reached, say; a normal call, too, speculates again after
-        that many plain steps), the next call of as many rows weighs this one's steps (rule 14)."""
-        shape = Counter()
-        for step, (batch, step_seconds) in enumerate(measured):
-            if step:
-                self._measured_plain(batch, step_seconds)
-            else:
-                self._first_step(batch, 0, 1, step_seconds)
+        rows, seconds) of each step after its first (which runs on caches the prefill left cold), plain steps
+        measured as observed ones are, here at the call's end (fed between its steps, on caches the model's pass had
+        just filled, they cost ~1% of a `tiny` step). Where its drain stepped more than twice as often in some batch
+        range as the call its verdict rested on, and by more than `refresh_every` steps (a long tail that call
+        never reached, say; a normal call, too, speculates again after that many plain steps), the next call of as
+        many rows weighs this one's steps (rule 14)."""
+        shape = Counter({rows.bit_length(): 1.0})  # its first step
+        for batch, step_seconds in measured:
+            self._measured_plain(batch, step_seconds)
             shape[batch.bit_length()] += 1.0
         last, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
         if any(count > 2 * last.get(here, 0.0) + self.refresh_every for here, count in shape.items()):
             self._call_shapes[rows] = dict(shape), planner_seconds
             self._plain_calls.pop(rows, None)
-        self._plain_call_steps += len(measured)
-        self.off_streak += len(measured)
+        steps = len(measured) + 1  # and its first
+        self._plain_call_steps += steps
+        self.off_streak += steps
         self.probe_debt = max(self.probe_debt - self.probe_share * seconds, 0.0)
 
     def held(self, batch: int) -> StepPlan | None:
@@ -539,60 +460,41 @@ class Planner:
             for option in firsts + [o for o in allowed if o not in firsts]:
                 if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room)):
                     return StepPlan(*option, "explore")
-        if self._speculated_at.get(batch, 0) >= self.refresh_every and not self._after_prefill:  # plain steps now
-            return StepPlan(0, 1, "plain-fit")  # and then keep this size's price current: two, as the first after a
-            # speculative step is not measured (`observe`), nor one after a prefill
-        allowed, seconds, curves, drain = self._priced(batch, room, generated, self._after_prefill)
-        best = anywhere = self._best(allowed, seconds, curves)
-        if drain is not None:
-            best = self._best(allowed, seconds, drain, saving=True)
-        if not (best or anywhere):  # plain by the one stop rate and where the rows are: it stands
+        if self._speculated_at.get(batch, 0) >= self.refresh_every:  # plain steps now and then keep this size's
+            return StepPlan(0, 1, "plain-fit")  # price current: two, as the first after a speculative step is not
+            # measured (`observe`)
+        allowed, seconds, curves = self._priced(batch, room)
+        best = self._best(allowed, seconds, curves)
+        if not best:  # plain wherever the rows are: it stands
             self._hold_plain(batch)
             return StepPlan(*allowed[0], "priced-plain")
+        if generated is not None:
+            curves = self._expected_curves(self._go_on(generated))
+            best = self._best(allowed, seconds, curves)
         if best:
             self.refresh_wait = self.refresh_every
         return StepPlan(*allowed[best], "priced" if best else "priced-plain")
 
-    def _step_price(self, batch: int, k: int, width: int) -> float:
-        """A speculative step's price at `batch` rows, the call's setup left out: from the fits where the option
-        ran in this batch range, else as `_unfitted_seconds` prices it."""
-        if self.samples[k, width][batch.bit_length()]:
-            return self.verify_times.predict(batch, k, width) + self.draft_times.predict(batch, k, width)
-        return self._unfitted_seconds(batch, [(k, width)])[0]
-
-    def _priced(self, batch: int, room: int | None, generated=None, first: bool = False) \
-            -> tuple[list[tuple[int, int]], list[float], list[list[float]], list[list[float]] | None]:
+    def _priced(self, batch: int, room: int | None) -> tuple[list[tuple[int, int]], list[float], list[list[float]]]:
         """What pricing weighs at `batch` rows: the options allowed (plain first), their step seconds (the call's
-        setup in, where not yet paid: rule 8a; a call's first step at its own price with `first`: rule 5a), tau by
-        the one stop rate (an upper bound on the rows' own) and, with `generated`, tau for the rows where they are
-        (rule 1a)."""
+        setup in, where not yet paid: rule 8a) and tau by the one stop rate (an upper bound on the rows' own)."""
         allowed = self._allowed_options(batch, room)
         here = batch.bit_length()  # an option not run in this range: the fits would extrapolate (module docstring)
         unfitted = [option for option in allowed[1:] if not self.samples[option][here]]
         unfitted = dict(zip(unfitted, self._unfitted_seconds(batch, unfitted))) if unfitted else {}
-        speculative = [unfitted[k, w] if (k, w) in unfitted else self._step_price(batch, k, w) for k, w in allowed[1:]]
-        plain = self.plain_seconds(batch)
+        speculative = [unfitted[k, w] if (k, w) in unfitted
+                       else self.verify_times.predict(batch, k, w) + self.draft_times.predict(batch, k, w)
+                       for k, w in allowed[1:]]
         curves = self._expected_curves()
-        drain = None if generated is None else self._drain_curves(batch, generated)
-        if first:  # the drain's later steps stay at their price: a plain step's worth is the first's over `ratio`
-            cold = max(self._first_step_mean(batch, (0, 1)) or plain, plain)
-            ratio = cold / max(plain, 1e-12)
-            share = self._first_step_mean(batch, (-1, 1)) or ratio
-            speculative = [self._first_step_mean(batch, option) or seconds * share
-                           for option, seconds in zip(allowed[1:], speculative)]
-            plain = cold
-            curves, drain = ([[1.0 + (tau - 1.0) / ratio for tau in curve] for curve in tables] if tables else None
-                             for tables in (curves, drain))
         setup = self._setup_per_token(room)
         if setup:
             speculative = [seconds + setup * curves[w - 1][k] for seconds, (k, w) in zip(speculative, allowed[1:])]
-        return allowed, [plain] + speculative, curves, drain
+        return allowed, [self.plain_seconds(batch)] + speculative, curves
 
-    def _best(self, allowed: list[tuple[int, int]], seconds: list[float], curves: list[list[float]],
-              saving: bool = False) -> int:
+    def _best(self, allowed: list[tuple[int, int]], seconds: list[float], curves: list[list[float]]) -> int:
         """The index in `allowed` of the option pricing chooses (0, plain decoding, unless one beats it by
-        `min_gain`: rule 2; with `saving`, of those that do, the one saving the most: rule 1a)."""
-        return best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0, saving=saving)
+        `min_gain`: rule 2)."""
+        return best_option([curves[w - 1][k] for k, w in allowed], seconds, self.min_gain, plain=0)
 
     def _hold_plain(self, batch: int) -> None:
         """Pricing chose plain decoding at this batch size: it stands unpriced there for `reprice_every` steps,
@@ -620,42 +522,20 @@ class Planner:
                                               if self._allowed(o, batch) and (room is None or o[0] < room)]
         return self._option_rows[batch, room]
 
-    def _drain_curves(self, batch: int, generated) -> list[list[float]]:
-        """tau(0), ..., tau(max_k) per width for the live rows where they are (`generated`: the tokens each has),
-        in plain steps' worth: what plain decoding of the drain's next steps would cost that a step of k drafts
-        saves, over a plain step's price now (module docstring, rule 1a). A row keeps draft j with chance
-        p_j S_i(j): p_j the chance its first j drafts are accepted, S_i(j) its own chance not to stop first
-        (`ResponseLengths`), capped by the one stop rate's (1 - rate)^j (uncapped, rows early in their answers
-        made deep drafts look cheap). A plain step over b rows costs a + c b, the line through the prices at
-        one row and at `batch`: the drain's plain step j is saved its c b part row by row, and its a part only
-        where every row still going on there kept draft j (rows independent)."""
+    def _go_on(self, generated) -> list[float]:
+        """The live rows' chances g_0, ..., g_{max_k - 1} of keeping draft 1, ..., max_k if accepted: their own
+        (`ResponseLengths`), capped by the one stop rate's (1 - rate)^(i+1), so that where rows are tells only
+        where a draft would be thrown away (uncapped, rows early in their answers made deep drafts look cheap)."""
         rows = generated.tolist() if hasattr(generated, "tolist") else list(generated)
         one_rate = 1.0 - self.stop_rate
-        groups = [(count, [min(own, one_rate ** (j + 1)) for j, own in enumerate(curve)])
-                  for count, curve in self.lengths.survival(rows, self.max_k)]
-        plain = max(self.plain_seconds(batch), 1e-12)
-        per_row = min(max((plain - self.plain_seconds(1)) / (batch - 1), 0.0), plain / batch) if batch > 1 else 0.0
-        fixed = plain - per_row * batch
-        curves = []
-        for width in range(1, self.widest + 1):
-            curve = [1.0]
-            for j, accepted in enumerate(self.acceptance[width].prefix):
-                none_on = none_short = 1.0  # no row goes on to draft j; none goes on to it with it rejected
-                rows_kept = 0.0
-                for count, going in groups:
-                    on = going[j]
-                    none_on *= (1.0 - on) ** count
-                    none_short *= (1.0 - on * (1.0 - accepted)) ** count
-                    rows_kept += count * on
-                curve.append(curve[-1] + (fixed * (none_short - none_on) + per_row * accepted * rows_kept) / plain)
-            curves.append(curve)
-        return curves
+        return [min(own, one_rate ** (i + 1)) for i, own in enumerate(self.lengths.go_on(rows, self.max_k))]
 
-    def _expected_curves(self) -> list[list[float]]:
-        """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring), a row's chance to keep draft
-        i + 1 if accepted g^(i+1) by the one stop rate. Plain Python: at these sizes numpy's per-call cost is most of
-        the work."""
-        go_on = [(1.0 - self.stop_rate) ** (i + 1) for i in range(self.max_k)]
+    def _expected_curves(self, go_on: list[float] | None = None) -> list[list[float]]:
+        """tau(0), ..., tau(max_k) for each width 1, ..., widest (module docstring), given the live rows'
+        chances g_0, ..., g_{max_k - 1} of keeping draft 1, ..., max_k if accepted; by default from the one
+        stop rate, g_i = g^(i+1). Plain Python: at these sizes numpy's per-call cost is most of the work."""
+        if go_on is None:
+            go_on = [(1.0 - self.stop_rate) ** (i + 1) for i in range(self.max_k)]
         curves = []
         for width in range(1, self.widest + 1):
             curve = [1.0]
@@ -707,8 +587,6 @@ class Planner:
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         first, self._after_prefill = self._after_prefill, False
-        if first:  # a call's first step: its own price (rule 5a)
-            self._first_step(batch, k, width, seconds)
         if k and batch.bit_length() not in self._speculated_in:  # the first speculative step in a batch range pays
             first = True  # one-time costs (module docstring)
             self._speculated_in.add(batch.bit_length())

@@ -86,28 +86,20 @@ class ResponseLengths:
         so halfway to the pooled rate per position."""
         return self._pooled + (last - self._pooled) * 0.5 ** steps
 
-    def survival(self, generated: list[int], depth: int) -> list[tuple[int, list[float]]]:
-        """For each position live rows are at: (how many rows have generated that many tokens, [G_0, ...,
-        G_{depth-1}] from there) (module docstring). Plain Python: a few positions, a few depths."""
+    def go_on(self, generated: list[int], depth: int) -> list[float]:
+        """G_0, ..., G_{depth-1} averaged over live rows that have generated `generated` tokens each (module
+        docstring)."""
         positions: dict[int, int] = {}
         for n in generated:
             positions[n] = positions.get(n, 0) + 1
         hazard = self.hazard
         size, last = len(hazard), hazard[-1] if hazard else 0.0
-        groups = []
-        for start, rows in positions.items():
-            kept, curve = 1.0, []
-            for t in range(start, start + depth):
-                kept *= 1.0 - (hazard[t] if t < size else self.beyond(last, t - size + 1))
-                curve.append(kept)
-            groups.append((rows, curve))
-        return groups
-
-    def go_on(self, generated: list[int], depth: int) -> list[float]:
-        """G_0, ..., G_{depth-1} averaged over live rows that have generated `generated` tokens each (module
-        docstring)."""
         total = [0.0] * depth
-        for rows, curve in self.survival(generated, depth):
-            for i, kept in enumerate(curve):
+        for start, rows in positions.items():
+            kept = 1.0
+            for i in range(depth):
+                t = start + i
+                kept *= 1.0 - (hazard[t] if t < size else self.beyond(last, t - size + 1))
                 total[i] += rows * kept
-        return [g / len(generated) for g in total]
+        count = len(generated)
+        return [g / count for g in total]
