@@ -501,6 +501,30 @@ def test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_
             assert not any(chosen[7:1500]) and chosen[1500:1503] == [0, 3, 3] and not any(chosen[1503:])
 
 
+def test_explores_never_fitted_cost_at_most_the_probes_share():
+    """`tiny`'s int8 self-draft at 16-32 rows: 8 drafts end a call in its first step, which is never fitted (rule
+    5), so the option stayed unexplored and was explored at every call there, losing 13-25% where it did not pay.
+    Once its explores ran as often as it needs steps, one runs only with the probes' debt paid off (rule 8); where
+    it pays it adds no debt and runs at every call."""
+    def first_steps(k1_seconds):
+        planner = Planner(max_k=2, prior_acceptance=0.99)
+        seconds = {0: 0.0006, 1: k1_seconds, 2: 0.0012}
+        reasons = []
+        for call in range(200):  # 3 tokens a row at 16 rows: past the first step the room allows k <= 1
+            planner.prefilled()
+            tokens = 0
+            while tokens < 3:
+                plan = planner.choose_step(16, room=3 - tokens)
+                if not tokens:
+                    reasons.append((plan.k, plan.reason))
+                planner.observe(16, plan.k, seconds[plan.k], [16] * plan.k, kept_tokens=16 * (plan.k + 1))
+                tokens += plan.k + 1
+        return reasons[-150:]
+
+    assert first_steps(0.0008).count((1, "explore")) == 150  # 2 tokens a row for less than 2 plain steps: pays
+    assert first_steps(0.0016).count((1, "explore")) <= 5
+
+
 def test_a_k_cheaper_than_the_line_through_the_extremes_is_found():
     """Verifying 2 rows costs about as much as 1 (small-row matmuls) and 4 rows twice as much:
     a line through k = 0 and k = 3 (even through all four) prices k = 1 at ~57 ms and keeps
@@ -689,6 +713,22 @@ def test_plain_decoding_is_priced_from_plain_steps_and_kept_current():
         chosen.append(k)
         planner.observe(32, k, seconds, [32] * k)
     assert chosen.index(0) < 5 and chosen[-100:].count(0) >= 97  # plain, but for the refreshes (after 32, 64 off)
+
+
+def test_no_plain_step_keeps_the_price_current_right_after_a_prefill():
+    """`tiny`'s int8 self-draft at 4 rows: calls of one or two steps, every one speculative. A plain step to keep
+    the plain price current (rule 9) that ran as a call's first step was not measured (rule 5), so the next call's
+    first step ran one again, and the call's drain decoded plainly: 7-13 of 30 calls. It runs at a later step."""
+    planner = Planner(max_k=3, prior_acceptance=0.95)
+    cost = lambda k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: drafts pay)
+    reasons = []
+    for call in range(200):
+        planner.prefilled()
+        for step in range(2):
+            plan = planner.choose_step(4)
+            reasons.append((step, plan.reason))
+            planner.observe(4, plan.k, cost(plan.k), [4] * plan.k)
+    assert (0, "plain-fit") not in reasons and reasons.count((1, "plain-fit")) >= 4
 
 
 def test_plain_decoding_is_kept_current_at_each_batch_size_apart():

@@ -35,7 +35,10 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     `test_a_draft_dearer_per_row_at_more_rows_is_measured_in_the_tail_where_it_pays`
  7. Explore k = 0 `min_samples` times, then k = 1, each other option once and max_k `min_samples` times, only
     what could pay if every draft were kept, its drafts at most at the cheapest pass measured in the batch range
-    past a call's first speculative step, a bar resting on `min_samples` such passes (`_could_pay`).
+    past a call's first speculative step, a bar resting on `min_samples` such passes (`_could_pay`). An option
+    whose explores ran right after a prefill as often as it needs steps (not fitted: rule 5; `tiny`'s 8 drafts
+    end a call of 16 rows in one step) explores again only once the probes' debt is paid off (rule 8): explored
+    at every call there, it lost 13-25%. `test_explores_never_fitted_cost_at_most_the_probes_share`
     `test_a_draft_that_could_not_pay_even_if_always_accepted_is_not_explored_and_measured_in_a_new_range`,
     `test_one_slow_draft_pass_bars_neither_explores_nor_refreshes`,
     `test_a_calls_first_draft_which_leaves_out_the_catching_up_does_not_open_every_explore`,
@@ -53,8 +56,11 @@ tests/test_planner.py (the measurements behind them: docs/log.md, "the planner's
     may still emit: tau(k) / room of it. `test_a_call_too_short_to_repay_the_proposers_setup_decodes_plainly`,
     `test_setup_after_a_weight_load_is_priced_apart_from_a_calls_own`
  9. While speculating at a batch size, two plain steps per `refresh_every` speculative steps there keep its plain
-    price current. `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`,
-    `test_plain_decoding_is_kept_current_at_each_batch_size_apart`
+    price current, none the first step after a prefill (it would not be measured: rule 5; where calls end in
+    their first step or two, such steps ran a call's drain plainly again and again, measuring nothing).
+    `test_plain_decoding_is_priced_from_plain_steps_and_kept_current`,
+    `test_plain_decoding_is_kept_current_at_each_batch_size_apart`,
+    `test_no_plain_step_keeps_the_price_current_right_after_a_prefill`
 10. Where pricing chose plain, it stands `reprice_every` steps there unpriced; each further pricing there that
     chooses plain doubles the wait, up to `reprice_max`, until pricing chooses speculation there; a speculative
     step ends the hold in its range (what it measured is priced next there; a hold elsewhere runs out within
@@ -215,6 +221,7 @@ class Planner:
         self.last = StepPlan(0, 1, "off")  # the step just chosen (`observe` reads its reason)
         self._option_rows: dict[tuple[int, int | None], list] = {}  # (batch, room) -> `_allowed_options`
         self._explored: set[tuple[int, int]] = set()  # options that have run the steps `_unexplored` asks for
+        self._cold_explores: Counter = Counter()  # option -> its explores run right after a prefill (`_explore_due`)
 
     def use_sampling(self, setting) -> None:
         """Estimate acceptance apart for this sampling setting (any hashable, e.g. (temperature, top_p,
@@ -254,10 +261,26 @@ class Planner:
         (a plain step costs no more than plain decoding, and it anchors the range's cost)."""
         seen = self.samples[option]
         if option not in self._explored:
-            if sum(seen.values()) < (self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1):
+            if sum(seen.values()) < self._needed(option):
                 return True
             self._explored.add(option)  # counts only grow: explored for good
         return option == (0, 1) and not seen[batch.bit_length()]
+
+    def _needed(self, option: tuple[int, int]) -> int:
+        """The steps an option runs before it is explored: min_samples for k = 0 and k = max_k, one for the others."""
+        return self.min_samples if option in ((0, 1), (self.max_k, 1)) else 1
+
+    def _explore_due(self, option: tuple[int, int], batch: int, room: int | None = None) -> bool:
+        """Whether `option` is explored at a step over `batch` rows (rule 7): not yet explored and, but for k = 0,
+        able to pay; one that has run as many explores right after a prefill as it needs steps (none fitted: rule
+        5), only with the probes' debt paid off, as a refresh (rule 8)."""
+        if not self._unexplored(option, batch):
+            return False
+        if option == (0, 1):
+            return True
+        if self.probe_debt and self._cold_explores[option] >= self._needed(option):
+            return False
+        return self._could_pay(option, batch, room)
 
     def _could_pay(self, option: tuple[int, int], batch: int, room: int | None = None) -> bool:
         """Whether a speculative option could beat plain decoding here by `min_gain` if every draft were
@@ -371,8 +394,7 @@ class Planner:
             steps, planner_seconds = self._call_shapes.get(rows, ({}, 0.0))
             ranges = steps or range(1, rows.bit_length() + 1)
             sizes = sorted({rows} | {1 << (here - 1) for here in ranges if here < rows.bit_length()})
-            explore = any(self._unexplored(option, rows) and self._could_pay(option, rows)
-                          for option in self._allowed_options(rows, None)[1:])
+            explore = any(self._explore_due(option, rows) for option in self._allowed_options(rows, None)[1:])
             saving = 0.0 if explore else sum(steps.get(size.bit_length(), 1.0) * self._saving(size) for size in sizes)
             plain = not explore and saving <= planner_seconds
             refresh = plain and not saving and any(self._could_pay(self._refresh_option(), size)
@@ -458,11 +480,11 @@ class Planner:
             firsts = [o for o in ((0, 1), (1, 1)) if o in allowed]  # plain, then the cheapest draft: the fits
             # they start price every other option's bound (`_could_pay`) before it runs
             for option in firsts + [o for o in allowed if o not in firsts]:
-                if self._unexplored(option, batch) and (option == (0, 1) or self._could_pay(option, batch, room)):
+                if self._explore_due(option, batch, room):
                     return StepPlan(*option, "explore")
-        if self._speculated_at.get(batch, 0) >= self.refresh_every:  # plain steps now and then keep this size's
-            return StepPlan(0, 1, "plain-fit")  # price current: two, as the first after a speculative step is not
-            # measured (`observe`)
+        if self._speculated_at.get(batch, 0) >= self.refresh_every and not self._after_prefill:  # plain steps now
+            return StepPlan(0, 1, "plain-fit")  # and then keep this size's price current: two, as the first after a
+            # speculative step is not measured (`observe`), nor one after a prefill
         allowed, seconds, curves = self._priced(batch, room)
         best = self._best(allowed, seconds, curves)
         if not best:  # plain wherever the rows are: it stands
@@ -587,6 +609,8 @@ class Planner:
             self.stopped_rows = self.stop_decay * self.stopped_rows + stopped_rows
         self.off_streak = self.off_streak + 1 if k == 0 else 0
         first, self._after_prefill = self._after_prefill, False
+        if first and k and self.last.reason == "explore":
+            self._cold_explores[k, width] += 1
         if k and batch.bit_length() not in self._speculated_in:  # the first speculative step in a batch range pays
             first = True  # one-time costs (module docstring)
             self._speculated_in.add(batch.bit_length())
