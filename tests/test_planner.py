@@ -716,9 +716,9 @@ def test_plain_decoding_is_priced_from_plain_steps_and_kept_current():
 
 
 def test_no_plain_step_keeps_the_price_current_right_after_a_prefill():
-    """`tiny`'s int8 self-draft at 4 rows: calls of one or two steps, every one speculative. A plain step to keep
-    the plain price current (rule 9) that ran as a call's first step was not measured (rule 5), so the next call's
-    first step ran one again, and the call's drain decoded plainly: 7-13 of 30 calls. It runs at a later step."""
+    """Calls of two steps, every one speculative (`tiny`'s int8 self-draft at 4 rows). A plain step to keep the plain
+    price current (rule 9) that ran as a call's first step was not measured (rule 5), so the next call's first
+    step ran one again, and that call decoded plainly too. It runs at a later step."""
     planner = Planner(max_k=3, prior_acceptance=0.95)
     cost = lambda k: 0.01 + 0.001 * k  # noqa: E731  (memory-bound: drafts pay)
     reasons = []
